@@ -1,0 +1,94 @@
+package contracttest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// Harness connects the suite to one backend on a real broker. The suite
+// makes a new Harness for every test and closes it at the end.
+type Harness interface {
+	// NewClient returns a client on a new connection: two clients behave
+	// like two processes.
+	NewClient(ctx context.Context) (Client, error)
+
+	// Kill cuts c off the broker abruptly, without a clean release (closing
+	// its sockets, or black-holing a proxy in between), like a crashed
+	// process. The leases c holds must end on c's side with [locks.ErrLost]
+	// within Capabilities().LossDetection; the broker frees them within
+	// Capabilities().CrashRecovery.
+	Kill(ctx context.Context, c Client) error
+
+	// Capabilities reports what the backend supports and the bounds it
+	// promises.
+	Capabilities() Capabilities
+
+	// Close frees everything the harness made.
+	Close() error
+}
+
+// NewHarness makes a Harness for one test. It may call t.Skip when the
+// broker is missing (testenv does, except under CI).
+type NewHarness func(ctx context.Context, t testing.TB) (Harness, error)
+
+// Client is one process's view of the backend.
+type Client interface {
+	// Locker returns the client's Locker, or nil if the backend has none.
+	Locker() locks.Locker
+
+	// Semaphore returns a Semaphore with size slots per name, creating
+	// whatever the broker needs. Backends without semaphores return an
+	// error; the suite does not call it unless Capabilities().Semaphore.
+	Semaphore(ctx context.Context, size int) (locks.Semaphore, error)
+
+	// Close releases what the client holds and closes its connection.
+	Close() error
+}
+
+// Capabilities describes a backend to the suite.
+type Capabilities struct {
+	// Fencing is true when leases carry fencing tokens. When false, Token
+	// must return 0 and the fencing tests are skipped.
+	Fencing bool
+
+	// Semaphore is true when clients make Semaphores.
+	Semaphore bool
+
+	// CrashRecovery bounds how long after Kill(holder) another client can
+	// hold the holder's names. The suite checks it with a margin of a
+	// quarter of the bound plus 250ms for scheduling.
+	CrashRecovery time.Duration
+
+	// LossDetection bounds how long a lease takes to end after it was taken
+	// away at the broker (Kill, or Revoke where the harness is a Revoker).
+	LossDetection time.Duration
+
+	// InvalidNames are names the broker cannot take, beyond the empty name
+	// (which every backend rejects). Each must give [locks.ErrInvalidName].
+	InvalidNames []string
+}
+
+// Revoker is an optional interface that may be implemented by a [Harness]:
+// Revoke takes every lease on name away at the broker, as an administrator
+// would (deleting the key or queue), without telling the holders.
+type Revoker interface {
+	Revoke(ctx context.Context, name string) error
+}
+
+// PriorityHarness is an optional interface that may be implemented by a
+// [Harness] whose backend supports priorities: NewPriorityClient is
+// NewClient with the given priority for every request of the client.
+type PriorityHarness interface {
+	NewPriorityClient(ctx context.Context, priority int) (Client, error)
+}
+
+// OptionChecker is an optional interface that may be implemented by a
+// [Harness]: InvalidOptions calls the backend's constructors with option
+// values out of range and returns the errors they gave, each of which must
+// match [locks.ErrInvalidOption].
+type OptionChecker interface {
+	InvalidOptions(ctx context.Context) []error
+}

@@ -1,0 +1,494 @@
+package contracttest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+const (
+	contenders = 4 // clients racing for one name
+	rounds     = 8 // critical sections per client
+	sectionFor = 2 * time.Millisecond
+)
+
+// race runs k clients for rounds critical sections each on one name and
+// records every section in h; each section writes to res when it is not nil.
+func race(e *env, name string, h *History, res *FencedResource, acquire func(i int) func(ctx context.Context, name string) (locks.Lease, error)) {
+	e.t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, contenders*rounds)
+	for i := range contenders {
+		get := acquire(i)
+		wg.Go(func() {
+			for r := range rounds {
+				who := fmt.Sprintf("client%d/round%d", i, r)
+				if err := section(e, get, name, who, h, res); err != nil {
+					errs <- fmt.Errorf("%s: %w", who, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		e.t.Error(err)
+	}
+}
+
+func section(e *env, get func(context.Context, string) (locks.Lease, error), name, who string, h *History, res *FencedResource) error {
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	lease, err := get(ctx, name)
+	if err != nil {
+		return fmt.Errorf("acquire: %w", err)
+	}
+	defer func() { _ = lease.Release(ctx) }()
+	exit := h.Enter(who, lease.Token())
+	if res != nil {
+		if err := res.Write(who, lease.Token()); err != nil {
+			exit()
+			return err
+		}
+	}
+	time.Sleep(sectionFor)
+	if err := context.Cause(lease.Context()); err != nil {
+		exit()
+		return fmt.Errorf("lease ended inside its critical section: %w", err)
+	}
+	exit()
+	return lease.Release(ctx)
+}
+
+func lockers(e *env) func(int) func(context.Context, string) (locks.Lease, error) {
+	return func(int) func(context.Context, string) (locks.Lease, error) { return e.locker().Lock }
+}
+
+// testMutualExclusion: several clients take turns on one name; no two
+// critical sections overlap.
+func testMutualExclusion(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	h := NewHistory(1)
+	race(e, e.name(), h, nil, lockers(e))
+	if err := h.Check(); err != nil {
+		t.Fatalf("mutual exclusion broken: %v", err)
+	}
+	if got, want := h.Len(), contenders*rounds; got != want {
+		t.Fatalf("recorded %d critical sections, want %d", got, want)
+	}
+}
+
+// testFencing: tokens strictly increase across holders, so a fenced
+// resource accepts every write of a correct run.
+func testFencing(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	if !e.caps.Fencing {
+		l := e.locker()
+		lease := e.mustTryLock(l, e.name())
+		defer e.mustRelease(lease)
+		if tok := lease.Token(); tok != 0 {
+			t.Fatalf("the backend claims no fencing but Token() = %d: tokens must be 0 when not real", tok)
+		}
+		t.Skip("fencing tokens not supported")
+	}
+	name := e.name()
+	a, b := e.locker(), e.locker()
+	first := e.mustTryLock(a, name)
+	e.mustRelease(first)
+	second := e.mustTryLock(b, name)
+	e.mustRelease(second)
+	if first.Token() == 0 || second.Token() <= first.Token() {
+		t.Fatalf("tokens of successive holders: %d then %d, want 0 < first < second", first.Token(), second.Token())
+	}
+	res := &FencedResource{}
+	race(e, name, NewHistory(1), res, lockers(e))
+	if got, want := res.Accepted(), contenders*rounds; got != want && !t.Failed() {
+		t.Fatalf("fenced resource accepted %d writes, want %d", got, want)
+	}
+}
+
+// testTryLockHeld: TryLock of a held name fails at once with
+// ErrNotAcquired, from another client and from the holder's own (leases
+// are not reentrant).
+func testTryLockHeld(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	name := e.name()
+	a, b := e.locker(), e.locker()
+	lease := e.mustTryLock(a, name)
+	e.expectHeld(b, name, "while another client holds the name")
+	e.expectHeld(a, name, "from the holder's own client (leases are not reentrant)")
+	if err := context.Cause(lease.Context()); err != nil {
+		t.Fatalf("the holder's lease ended after failed TryLocks: %v", err)
+	}
+	e.mustRelease(lease)
+	e.mustRelease(e.mustTryLock(b, name))
+}
+
+// testLockWaitsForRelease: Lock on a held name waits, and gets it soon after
+// the release.
+func testLockWaitsForRelease(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	name := e.name()
+	a, b := e.locker(), e.locker()
+	held := e.mustTryLock(a, name)
+
+	got := make(chan locks.Lease, 1)
+	errc := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+		defer cancel()
+		lease, err := b.Lock(ctx, name)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- lease
+	}()
+	select {
+	case lease := <-got:
+		_ = lease.Release(e.ctx)
+		t.Fatalf("Lock(%q) returned while another client held it", name)
+	case err := <-errc:
+		t.Fatalf("waiting Lock(%q): %v", name, err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	e.mustRelease(held)
+	select {
+	case lease := <-got:
+		if held.Token() != 0 && lease.Token() <= held.Token() {
+			t.Errorf("the waiter's token %d is not above the released holder's %d", lease.Token(), held.Token())
+		}
+		e.mustRelease(lease)
+	case err := <-errc:
+		t.Fatalf("waiting Lock(%q) after release: %v", name, err)
+	case <-time.After(opTimeout):
+		t.Fatalf("waiting Lock(%q) did not get the name within %v of its release", name, opTimeout)
+	}
+}
+
+// testDistinctNames: holding one name does not block another.
+func testDistinctNames(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	a, b := e.locker(), e.locker()
+	n1, n2 := e.name(), e.name()
+	l1 := e.mustTryLock(a, n1)
+	l2 := e.mustTryLock(b, n2)
+	l3 := e.mustTryLock(a, e.name())
+	e.mustRelease(l1)
+	e.mustRelease(l2)
+	e.mustRelease(l3)
+}
+
+// testCancellation: a Lock whose context ends returns ctx's error and holds
+// nothing; so does a Lock with a context already cancelled.
+func testCancellation(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	name := e.name()
+	a, b, c := e.locker(), e.locker(), e.locker()
+	held := e.mustTryLock(a, name)
+
+	for _, tc := range []struct {
+		want error
+		ctx  func() (context.Context, context.CancelFunc)
+	}{
+		{context.DeadlineExceeded, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(e.ctx, 150*time.Millisecond)
+		}},
+		{context.Canceled, func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(e.ctx)
+			time.AfterFunc(150*time.Millisecond, cancel)
+			return ctx, cancel
+		}},
+	} {
+		ctx, cancel := tc.ctx()
+		done := make(chan error, 1)
+		go func() {
+			lease, err := b.Lock(ctx, name)
+			if err == nil {
+				_ = lease.Release(e.ctx)
+				err = errors.New("Lock returned a lease while another client held the name")
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, tc.want) {
+				t.Errorf("Lock with a context ending in %v returned %v; want an error matching it", tc.want, err)
+			}
+		case <-time.After(opTimeout):
+			t.Errorf("Lock did not return within %v of its context ending (%v)", opTimeout, tc.want)
+		}
+		cancel()
+	}
+
+	e.mustRelease(held)
+	cancelled, cancel := context.WithCancel(e.ctx)
+	cancel()
+	if lease, err := b.Lock(cancelled, name); !errors.Is(err, context.Canceled) {
+		if err == nil {
+			_ = lease.Release(e.ctx)
+		}
+		t.Errorf("Lock with a cancelled context returned %v; want context.Canceled", err)
+	}
+	// Nothing of the cancelled calls may stay held.
+	e.mustRelease(e.mustTryLock(c, name))
+}
+
+// testCancellationRace: contexts that end at random moments while the
+// holder releases at random moments never leave the name held.
+func testCancellationRace(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	name := e.name()
+	a, b, c := e.locker(), e.locker(), e.locker()
+	for i := range 10 {
+		held := e.mustLock(a, name)
+		ctx, cancel := context.WithTimeout(e.ctx, time.Duration(rand.IntN(40))*time.Millisecond)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			lease, err := b.Lock(ctx, name)
+			switch {
+			case err == nil:
+				_ = lease.Release(e.ctx)
+			case !errors.Is(err, context.DeadlineExceeded):
+				t.Errorf("round %d: Lock failed with %v; want a lease or context.DeadlineExceeded", i, err)
+			}
+		}()
+		time.Sleep(time.Duration(rand.IntN(40)) * time.Millisecond)
+		e.mustRelease(held)
+		<-done
+		cancel()
+	}
+	e.mustRelease(e.mustTryLock(c, name))
+}
+
+// testRelease: Release is idempotent, ends the context with ErrReleased,
+// and frees the name for others.
+func testRelease(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	name := e.name()
+	a, b := e.locker(), e.locker()
+	lease := e.mustTryLock(a, name)
+	if err := lease.Context().Err(); err != nil {
+		t.Fatalf("a fresh lease's context has ended: %v", context.Cause(lease.Context()))
+	}
+	if lease.Name() != name {
+		t.Errorf("lease.Name() = %q, want %q", lease.Name(), name)
+	}
+	tok := lease.Token()
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() { errs[i] = lease.Release(e.ctx) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("concurrent Release #%d: %v", i, err)
+		}
+	}
+	if err := lease.Release(e.ctx); err != nil {
+		t.Errorf("second Release: %v; want nil (Release is idempotent)", err)
+	}
+	if cause := context.Cause(lease.Context()); !errors.Is(cause, locks.ErrReleased) {
+		t.Errorf("cause after Release = %v, want locks.ErrReleased", cause)
+	}
+	if lease.Token() != tok {
+		t.Errorf("Token changed after Release: %d, was %d", lease.Token(), tok)
+	}
+	e.mustRelease(e.mustTryLock(b, name))
+}
+
+// testStaleRelease: releasing a lease again after another client took the
+// name, or releasing a lease taken away at the broker, never frees the new
+// holder.
+func testStaleRelease(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	name := e.name()
+	a, b, c := e.locker(), e.locker(), e.locker()
+	old := e.mustTryLock(a, name)
+	e.mustRelease(old)
+	next := e.mustTryLock(b, name)
+	_ = old.Release(e.ctx)
+	e.expectHeld(c, name, "after a stale second Release of the previous holder")
+	e.mustRelease(next)
+
+	r, ok := e.h.(Revoker)
+	if !ok {
+		return
+	}
+	old = e.mustTryLock(a, name)
+	ctx, cancel := e.opCtx()
+	defer cancel()
+	if err := r.Revoke(ctx, name); err != nil {
+		t.Fatalf("Revoke(%q): %v", name, err)
+	}
+	next = e.mustLock(b, name)
+	if err := old.Release(ctx); err != nil && !errors.Is(err, locks.ErrLost) {
+		t.Errorf("Release of a revoked lease: %v; want nil or an error matching locks.ErrLost", err)
+	}
+	e.expectHeld(c, name, "after the revoked holder's Release")
+	e.mustRelease(next)
+}
+
+// testCrashLiveness: after the holder is killed, another client gets the
+// name within the stated CrashRecovery bound.
+func testCrashLiveness(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	name := e.name()
+	holder := e.client()
+	hl := holder.Locker()
+	if hl == nil {
+		t.Skip("the backend has no Locker")
+	}
+	held := e.mustTryLock(hl, name)
+	b := e.locker()
+	start := time.Now()
+	if err := e.h.Kill(e.ctx, holder); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	limit := bound(e.caps.CrashRecovery)
+	ctx, cancel := context.WithTimeout(e.ctx, limit)
+	defer cancel()
+	lease, err := b.Lock(ctx, name)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("after Kill(holder), Lock(%q) failed after %v (stated bound %v): %v", name, took.Round(time.Millisecond), e.caps.CrashRecovery, err)
+	}
+	t.Logf("a killed holder's lock came back after %v (stated bound %v)", took.Round(time.Millisecond), e.caps.CrashRecovery)
+	if held.Token() != 0 && lease.Token() <= held.Token() {
+		t.Errorf("the successor's token %d is not above the killed holder's %d", lease.Token(), held.Token())
+	}
+	e.mustRelease(lease)
+}
+
+// testLossOnKill: the killed client's own lease ends with ErrLost within
+// LossDetection.
+func testLossOnKill(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	holder := e.client()
+	if holder.Locker() == nil {
+		t.Skip("the backend has no Locker")
+	}
+	lease := e.mustTryLock(holder.Locker(), e.name())
+	if err := e.h.Kill(e.ctx, holder); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	took, err := waitEnded(lease, bound(e.caps.LossDetection))
+	if err != nil {
+		t.Fatalf("after Kill (stated LossDetection %v): %v", e.caps.LossDetection, err)
+	}
+	if cause := context.Cause(lease.Context()); !errors.Is(cause, locks.ErrLost) {
+		t.Fatalf("cause after Kill = %v, want an error matching locks.ErrLost", cause)
+	}
+	t.Logf("the killed client's lease ended after %v: %v", took.Round(time.Millisecond), context.Cause(lease.Context()))
+}
+
+// testLossOnRevoke: a lease taken away at the broker ends with ErrLost
+// within LossDetection.
+func testLossOnRevoke(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	r, ok := e.h.(Revoker)
+	if !ok {
+		t.Skip("the harness cannot revoke leases (not a Revoker)")
+	}
+	name := e.name()
+	lease := e.mustTryLock(e.locker(), name)
+	ctx, cancel := e.opCtx()
+	defer cancel()
+	if err := r.Revoke(ctx, name); err != nil {
+		t.Fatalf("Revoke(%q): %v", name, err)
+	}
+	took, err := waitEnded(lease, bound(e.caps.LossDetection))
+	if err != nil {
+		t.Fatalf("after Revoke (stated LossDetection %v): %v", e.caps.LossDetection, err)
+	}
+	cause := context.Cause(lease.Context())
+	if !errors.Is(cause, locks.ErrLost) {
+		t.Fatalf("cause after Revoke = %v, want an error matching locks.ErrLost", cause)
+	}
+	t.Logf("a revoked lease ended after %v: %v", took.Round(time.Millisecond), cause)
+	if err := lease.Release(ctx); !errors.Is(err, locks.ErrLost) {
+		t.Errorf("Release of a lost lease = %v, want an error matching locks.ErrLost", err)
+	}
+}
+
+// testPreemption: a higher priority takes the name; the victim's lease has
+// ended with ErrPreempted before the thief's Lock returns; an equal
+// priority never takes it.
+func testPreemption(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	ph, ok := e.h.(PriorityHarness)
+	if !ok {
+		t.Skip("priorities not supported (not a PriorityHarness)")
+	}
+	client := func(p int) locks.Locker {
+		c, err := ph.NewPriorityClient(e.ctx, p)
+		if err != nil {
+			t.Fatalf("NewPriorityClient(%d): %v", p, err)
+		}
+		e.track(c)
+		return c.Locker()
+	}
+	name := e.name()
+	low, low2, high, high2 := client(1), client(1), client(5), client(5)
+	victim := e.mustTryLock(low, name)
+	e.expectHeld(low2, name, "from an equal priority")
+
+	thief := e.mustLock(high, name)
+	if victim.Context().Err() == nil {
+		t.Fatalf("the thief's Lock returned while the victim's lease was still live")
+	}
+	cause := context.Cause(victim.Context())
+	if !errors.Is(cause, locks.ErrPreempted) || !errors.Is(cause, locks.ErrLost) {
+		t.Errorf("victim's cause = %v, want one matching both locks.ErrPreempted and locks.ErrLost", cause)
+	}
+	if victim.Token() != 0 && thief.Token() <= victim.Token() {
+		t.Errorf("the thief's token %d is not above the victim's %d", thief.Token(), victim.Token())
+	}
+	e.expectHeld(high2, name, "from an equal priority to the thief")
+	e.expectHeld(low2, name, "from a lower priority than the thief")
+	_ = victim.Release(e.ctx) // stale: must not free the thief
+	e.expectHeld(low2, name, "after the victim's stale Release")
+	e.mustRelease(thief)
+	e.mustRelease(e.mustTryLock(low2, name))
+}
+
+// testNoLeaks: acquiring, releasing, losing and closing leave no goroutine
+// behind (env.close checks, as it does for every test).
+func testNoLeaks(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	a := e.locker()
+	for range 3 {
+		e.mustRelease(e.mustTryLock(a, e.name()))
+	}
+	_ = e.mustTryLock(a, e.name()) // left held: closing the client must end it
+	victim := e.client()
+	if l := victim.Locker(); l != nil {
+		_ = e.mustTryLock(l, e.name())
+		if err := e.h.Kill(e.ctx, victim); err != nil {
+			t.Fatalf("Kill: %v", err)
+		}
+	}
+}

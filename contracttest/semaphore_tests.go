@@ -1,0 +1,95 @@
+package contracttest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+const semSize = 3
+
+// testSemaphoreLimit: N clients hold a slot at once; the next TryAcquire
+// fails with ErrNotAcquired; an Acquire waits and gets a slot after a
+// release.
+func testSemaphoreLimit(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	name := e.name()
+	var held []locks.Lease
+	slots := map[int]bool{}
+	for i := range semSize {
+		s := e.semaphore(semSize)
+		ctx, cancel := e.opCtx()
+		lease, err := s.TryAcquire(ctx, name)
+		cancel()
+		if err != nil {
+			t.Fatalf("TryAcquire #%d of %d slots: %v", i+1, semSize, err)
+		}
+		if sl, ok := lease.(locks.SlotLease); ok {
+			if n := sl.Slot(); n < 1 || n > semSize || slots[n] {
+				t.Errorf("slot %d: out of 1..%d or given twice", n, semSize)
+			}
+			slots[sl.Slot()] = true
+		}
+		held = append(held, lease)
+	}
+	extra := e.semaphore(semSize)
+	ctx, cancel := e.opCtx()
+	defer cancel()
+	if lease, err := extra.TryAcquire(ctx, name); !errors.Is(err, locks.ErrNotAcquired) {
+		if err == nil {
+			_ = lease.Release(ctx)
+		}
+		t.Fatalf("TryAcquire with all %d slots held = %v, want locks.ErrNotAcquired", semSize, err)
+	}
+
+	got := make(chan locks.Lease, 1)
+	errc := make(chan error, 1)
+	go func() {
+		lease, err := extra.Acquire(ctx, name)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- lease
+	}()
+	select {
+	case lease := <-got:
+		_ = lease.Release(ctx)
+		t.Fatalf("Acquire returned with all %d slots held", semSize)
+	case err := <-errc:
+		t.Fatalf("waiting Acquire: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	e.mustRelease(held[1])
+	select {
+	case lease := <-got:
+		e.mustRelease(lease)
+	case err := <-errc:
+		t.Fatalf("waiting Acquire after a release: %v", err)
+	case <-ctx.Done():
+		t.Fatalf("waiting Acquire did not get the freed slot within %v", opTimeout)
+	}
+	e.mustRelease(held[0])
+	e.mustRelease(held[2])
+}
+
+// testSemaphoreExclusion: many clients take turns; never more than N hold
+// at once, and N do hold at once at some point.
+func testSemaphoreExclusion(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	h := NewHistory(semSize)
+	race(e, e.name(), h, nil, func(int) func(context.Context, string) (locks.Lease, error) {
+		return e.semaphore(semSize).Acquire
+	})
+	if err := h.Check(); err != nil {
+		t.Fatalf("semaphore limit broken: %v", err)
+	}
+	if h.Peak() < 2 {
+		t.Errorf("at most %d of %d contenders held a slot at once; a semaphore of %d should admit more", h.Peak(), contenders, semSize)
+	}
+}

@@ -1,0 +1,231 @@
+package contracttest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// RunConformanceTests runs every test of the suite against the backend made
+// by newHarness. Tests of features the backend lacks are skipped, saying so.
+//
+// Like golang.org/x/net/nettest, the suite should not produce false
+// positives (a correct backend fails nothing), may produce false negatives
+// (a race may go unseen in one run), and is meant to run under -race.
+func RunConformanceTests(t *testing.T, newHarness NewHarness) {
+	t.Helper()
+	for _, tc := range conformanceTests {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, newHarness) })
+	}
+}
+
+type conformanceTest struct {
+	name string
+	run  func(t testing.TB, nh NewHarness)
+}
+
+var conformanceTests = []conformanceTest{
+	{"MutualExclusion", testMutualExclusion},
+	{"Fencing", testFencing},
+	{"TryLockHeld", testTryLockHeld},
+	{"LockWaitsForRelease", testLockWaitsForRelease},
+	{"DistinctNames", testDistinctNames},
+	{"Cancellation", testCancellation},
+	{"CancellationRace", testCancellationRace},
+	{"Release", testRelease},
+	{"StaleRelease", testStaleRelease},
+	{"CrashLiveness", testCrashLiveness},
+	{"LossOnKill", testLossOnKill},
+	{"LossOnRevoke", testLossOnRevoke},
+	{"Preemption", testPreemption},
+	{"SemaphoreLimit", testSemaphoreLimit},
+	{"SemaphoreExclusion", testSemaphoreExclusion},
+	{"InvalidNames", testInvalidNames},
+	{"RandomNames", testRandomNames},
+	{"InvalidOptions", testInvalidOptions},
+	{"NoLeaks", testNoLeaks},
+}
+
+// opTimeout bounds every single call the suite makes that should not block:
+// far above any healthy broker's latency, so that only a hang trips it.
+const opTimeout = 10 * time.Second
+
+// env is one test's harness and the clients it made.
+type env struct {
+	t       testing.TB
+	h       Harness
+	caps    Capabilities
+	ctx     context.Context
+	cancel  context.CancelFunc
+	leaks   goleak.Option
+	mu      sync.Mutex
+	clients []Client
+	closed  bool
+}
+
+func newEnv(t testing.TB, nh NewHarness) *env {
+	t.Helper()
+	leaks := goleak.IgnoreCurrent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	h, err := nh(ctx, t)
+	if err != nil {
+		cancel()
+		t.Fatalf("making the harness: %v", err)
+	}
+	return &env{t: t, h: h, caps: h.Capabilities(), ctx: ctx, cancel: cancel, leaks: leaks}
+}
+
+// close closes every client and the harness, then checks that no goroutine
+// the test started is still running. Tests defer it.
+func (e *env) close() {
+	e.t.Helper()
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return
+	}
+	e.closed = true
+	clients := e.clients
+	e.mu.Unlock()
+	for _, c := range clients {
+		if err := c.Close(); err != nil {
+			e.t.Logf("closing a client: %v", err)
+		}
+	}
+	if err := e.h.Close(); err != nil {
+		e.t.Errorf("closing the harness: %v", err)
+	}
+	e.cancel()
+	if err := goleak.Find(e.leaks); err != nil {
+		e.t.Errorf("goroutines outlived their leases and clients: %v", err)
+	}
+}
+
+func (e *env) client() Client {
+	e.t.Helper()
+	c, err := e.h.NewClient(e.ctx)
+	if err != nil {
+		e.t.Fatalf("NewClient: %v", err)
+	}
+	e.track(c)
+	return c
+}
+
+func (e *env) track(c Client) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.clients = append(e.clients, c)
+}
+
+func (e *env) locker() locks.Locker {
+	e.t.Helper()
+	l := e.client().Locker()
+	if l == nil {
+		e.t.Skip("the backend has no Locker")
+	}
+	return l
+}
+
+func (e *env) semaphore(size int) locks.Semaphore {
+	e.t.Helper()
+	if !e.caps.Semaphore {
+		e.t.Skip("the backend has no Semaphore")
+	}
+	s, err := e.client().Semaphore(e.ctx, size)
+	if err != nil {
+		e.t.Fatalf("Semaphore(%d): %v", size, err)
+	}
+	return s
+}
+
+var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9]+`)
+
+// name returns a name unique to this test and run, legal on every broker:
+// letters, digits and dashes, under 64 bytes.
+func (e *env) name() string {
+	base := unsafeChars.ReplaceAllString(e.t.Name(), "-")
+	if len(base) > 40 {
+		base = base[len(base)-40:]
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return strings.Trim(base, "-") + "-" + hex.EncodeToString(b[:])
+}
+
+// opCtx returns a context for one call that should not block.
+func (e *env) opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(e.ctx, opTimeout)
+}
+
+func (e *env) mustLock(l locks.Locker, name string) locks.Lease {
+	e.t.Helper()
+	ctx, cancel := e.opCtx()
+	defer cancel()
+	lease, err := l.Lock(ctx, name)
+	if err != nil {
+		e.t.Fatalf("Lock(%q): %v", name, err)
+	}
+	return lease
+}
+
+func (e *env) mustTryLock(l locks.Locker, name string) locks.Lease {
+	e.t.Helper()
+	ctx, cancel := e.opCtx()
+	defer cancel()
+	lease, err := l.TryLock(ctx, name)
+	if err != nil {
+		e.t.Fatalf("TryLock(%q) on a free name: %v", name, err)
+	}
+	return lease
+}
+
+func (e *env) mustRelease(lease locks.Lease) {
+	e.t.Helper()
+	ctx, cancel := e.opCtx()
+	defer cancel()
+	if err := lease.Release(ctx); err != nil {
+		e.t.Fatalf("Release(%q): %v", lease.Name(), err)
+	}
+}
+
+// expectHeld checks that TryLock of name by l fails with ErrNotAcquired.
+func (e *env) expectHeld(l locks.Locker, name, why string) {
+	e.t.Helper()
+	ctx, cancel := e.opCtx()
+	defer cancel()
+	lease, err := l.TryLock(ctx, name)
+	if err == nil {
+		_ = lease.Release(ctx)
+		e.t.Fatalf("TryLock(%q) succeeded %s", name, why)
+	}
+	if !errors.Is(err, locks.ErrNotAcquired) {
+		e.t.Fatalf("TryLock(%q) %s: got %v, want an error matching locks.ErrNotAcquired", name, why, err)
+	}
+}
+
+// bound is the time the suite allows for a stated bound: the bound, a
+// quarter more, and 250ms for scheduling.
+func bound(d time.Duration) time.Duration { return d + d/4 + 250*time.Millisecond }
+
+// waitEnded waits until lease's context ends, up to limit, and returns how
+// long that took or an error.
+func waitEnded(lease locks.Lease, limit time.Duration) (time.Duration, error) {
+	start := time.Now()
+	select {
+	case <-lease.Context().Done():
+		return time.Since(start), nil
+	case <-time.After(limit):
+		return 0, fmt.Errorf("lease %q still live after %v", lease.Name(), limit)
+	}
+}

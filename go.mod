@@ -1,0 +1,3 @@
+module github.com/latchkey-go/latchkey
+
+go 1.26

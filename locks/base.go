@@ -1,0 +1,199 @@
+package locks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// LeaseSpec describes a lease a backend has just won, for [NewBaseLease].
+type LeaseSpec struct {
+	Name  string
+	Token uint64 // fencing token, 0 if the backend has none
+	Slot  int    // semaphore slot from 1, 0 for a lock
+
+	// Deadline, if not zero, is when the lease ends by itself with
+	// [ErrLost] unless [BaseLease.Extend] moves it first. TTL-based
+	// backends set it to the end of the validity they can prove.
+	Deadline time.Time
+
+	// Release frees the lease at the broker, checking ownership there
+	// atomically. It is called at most once, after the lease's context
+	// has ended and its renewal loop has stopped. It may be nil.
+	Release func(ctx context.Context) error
+}
+
+// BaseLease is the lease state machine every backend builds on: it owns
+// the lease's context and its end cause, the validity deadline, the
+// renewal loop and the release-once logic. It implements [Lease] and
+// [SlotLease].
+//
+// A lease is live until its first end: Release, [BaseLease.End] (loss or
+// preemption reported by the backend) or its deadline passing. The end
+// cause never changes afterwards. All methods are safe for concurrent use.
+type BaseLease struct {
+	spec   LeaseSpec
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	deadline time.Time
+	timer    *time.Timer
+	renewing sync.WaitGroup
+
+	releaseOnce sync.Once
+	releaseErr  error
+}
+
+var _ SlotLease = (*BaseLease)(nil)
+
+// NewBaseLease returns a live lease described by spec. Its context carries
+// parent's values but not its cancellation: the call that acquired a lease
+// may end long before the lease does.
+func NewBaseLease(parent context.Context, spec LeaseSpec) *BaseLease {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
+	l := &BaseLease{spec: spec, ctx: ctx, cancel: cancel}
+	if !spec.Deadline.IsZero() {
+		l.Extend(spec.Deadline)
+	}
+	return l
+}
+
+// Name returns the name the lease was acquired on.
+func (l *BaseLease) Name() string { return l.spec.Name }
+
+// Token returns the fencing token, 0 if the backend has none.
+func (l *BaseLease) Token() uint64 { return l.spec.Token }
+
+// Slot returns the semaphore slot from 1, or 0 for a lock.
+func (l *BaseLease) Slot() int { return l.spec.Slot }
+
+// Context returns the context that ends with the lease.
+func (l *BaseLease) Context() context.Context { return l.ctx }
+
+// Deadline returns the current validity deadline, zero if the lease has
+// none.
+func (l *BaseLease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// Extend moves the validity deadline to until and reports whether the
+// lease is still live. A deadline already past ends the lease at once.
+func (l *BaseLease) Extend(until time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx.Err() != nil {
+		return false
+	}
+	l.deadline = until
+	d := time.Until(until)
+	if l.timer == nil {
+		l.timer = time.AfterFunc(d, l.expire)
+	} else {
+		l.timer.Reset(d)
+	}
+	return true
+}
+
+func (l *BaseLease) expire() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d := time.Until(l.deadline); d > 0 { // moved by a concurrent Extend
+		if l.ctx.Err() == nil {
+			l.timer.Reset(d)
+		}
+		return
+	}
+	l.endLocked(Lost(fmt.Errorf("%q: validity deadline passed without a renewal", l.spec.Name)))
+}
+
+// End ends the lease with cause unless it has ended already, and reports
+// whether this call ended it. Backends call it with [Lost] or [Preempted]
+// when the broker tells them the lease is gone. It does not touch the
+// broker: call Release for that.
+func (l *BaseLease) End(cause error) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.endLocked(cause)
+}
+
+func (l *BaseLease) endLocked(cause error) bool {
+	if l.ctx.Err() != nil {
+		return false
+	}
+	l.cancel(cause)
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	return true
+}
+
+// Live reports whether the lease has not ended yet.
+func (l *BaseLease) Live() bool { return l.ctx.Err() == nil }
+
+// KeepAlive starts the lease's renewal loop: every interval it calls renew
+// with a context that ends at the lease's deadline or its end. When renew
+// returns a deadline, the lease is extended to it; when renew's error
+// matches [ErrLost] or [ErrPreempted], the lease ends with that cause at
+// once; any other error is retried on the next tick, and the deadline ends
+// the lease if no renewal lands in time. The loop stops when the lease
+// ends; Release waits for it before it calls the broker.
+//
+// KeepAlive must be called at most once, right after NewBaseLease.
+func (l *BaseLease) KeepAlive(interval time.Duration, renew func(ctx context.Context) (time.Time, error)) {
+	l.renewing.Add(1)
+	go func() {
+		defer l.renewing.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-l.ctx.Done():
+				return
+			case <-t.C:
+			}
+			ctx, cancel := l.renewContext()
+			until, err := renew(ctx)
+			cancel()
+			switch {
+			case err == nil:
+				l.Extend(until)
+			case errors.Is(err, ErrLost):
+				l.End(err)
+			}
+		}
+	}()
+}
+
+func (l *BaseLease) renewContext() (context.Context, context.CancelFunc) {
+	if dl := l.Deadline(); !dl.IsZero() {
+		return context.WithDeadline(l.ctx, dl)
+	}
+	return context.WithCancel(l.ctx)
+}
+
+// Release ends the lease with [ErrReleased], waits for the renewal loop to
+// stop and frees the lease at the broker; see [Lease.Release].
+func (l *BaseLease) Release(ctx context.Context) error {
+	l.releaseOnce.Do(func() {
+		released := l.End(ErrReleased)
+		l.renewing.Wait()
+		var err error
+		if l.spec.Release != nil {
+			err = l.spec.Release(ctx)
+		}
+		switch {
+		case err != nil && ctx.Err() != nil:
+			l.releaseErr = fmt.Errorf("locks: release %q: %w", l.spec.Name, errors.Join(ctx.Err(), err))
+		case err != nil:
+			l.releaseErr = fmt.Errorf("locks: release %q: %w", l.spec.Name, err)
+		case !released:
+			l.releaseErr = fmt.Errorf("release %q: %w", l.spec.Name, context.Cause(l.ctx))
+		}
+	})
+	return l.releaseErr
+}

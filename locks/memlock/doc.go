@@ -1,0 +1,15 @@
+// Package memlock implements the latchkey contract in memory, for one
+// process: the reference backend, and the one to plug into the unit tests
+// of code that takes a [locks.Locker] or [locks.Semaphore].
+//
+// A [Store] plays the broker; each [Client] made from it plays a process.
+// Leases carry fencing tokens (per name, strictly increasing), have a TTL
+// renewed in the background, and end with the right cause: [Store.Revoke]
+// takes a lease away at once, [Store.Expire] lets it lapse so the holder
+// finds out at its next renewal, [Client.Kill] crashes a client, and a
+// client with a higher priority ([WithPriority]) preempts a lower one.
+//
+// memlock passes the full conformance suite (contracttest). It promises
+// what a perfect broker would: mutual exclusion, fencing, and recovery from
+// a killed client within one TTL.
+package memlock

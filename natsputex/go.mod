@@ -1,0 +1,3 @@
+module github.com/latchkey-go/latchkey/natsputex
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/latchkey-go/latchkey/redlockprio
+
+go 1.26
