@@ -1,0 +1,159 @@
+package locks_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+func TestBaseLeaseReleaseOnce(t *testing.T) {
+	var calls atomic.Int32
+	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+		Name: "n", Token: 7, Slot: 2,
+		Release: func(ctx context.Context) error {
+			calls.Add(1)
+			if l := ctx.Value(ctxKey{}); l != nil {
+				t.Errorf("release got the acquire context's value")
+			}
+			return nil
+		},
+	})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if err := l.Release(context.Background()); err != nil {
+				t.Errorf("Release: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("broker release called %d times, want 1", n)
+	}
+	if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrReleased) {
+		t.Fatalf("cause = %v, want ErrReleased", cause)
+	}
+	if l.Token() != 7 || l.Slot() != 2 || l.Name() != "n" || l.Live() {
+		t.Fatalf("accessors after release: token %d slot %d name %q live %v", l.Token(), l.Slot(), l.Name(), l.Live())
+	}
+}
+
+type ctxKey struct{}
+
+func TestBaseLeaseKeepsValuesNotCancellation(t *testing.T) {
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "trace"))
+	l := locks.NewBaseLease(parent, locks.LeaseSpec{Name: "n"})
+	cancel()
+	if err := l.Context().Err(); err != nil {
+		t.Fatalf("the acquiring call's cancellation ended the lease: %v", err)
+	}
+	if v := l.Context().Value(ctxKey{}); v != "trace" {
+		t.Fatalf("lease context lost the value: %v", v)
+	}
+	_ = l.Release(context.Background())
+}
+
+func TestBaseLeaseDeadline(t *testing.T) {
+	var released atomic.Bool
+	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+		Name: "n", Deadline: time.Now().Add(30 * time.Millisecond),
+		Release: func(context.Context) error { released.Store(true); return nil },
+	})
+	if !l.Extend(time.Now().Add(80 * time.Millisecond)) {
+		t.Fatal("Extend on a live lease reported false")
+	}
+	select {
+	case <-l.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("lease outlived its deadline")
+	}
+	if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrLost) {
+		t.Fatalf("cause = %v, want ErrLost", cause)
+	}
+	if l.Extend(time.Now().Add(time.Hour)) {
+		t.Fatal("Extend revived an ended lease")
+	}
+	err := l.Release(context.Background())
+	if !errors.Is(err, locks.ErrLost) {
+		t.Fatalf("Release of a lost lease = %v, want ErrLost", err)
+	}
+	if !released.Load() {
+		t.Fatal("Release of a lost lease did not clean up at the broker")
+	}
+	if err2 := l.Release(context.Background()); err2 != err {
+		t.Fatalf("second Release = %v, want the first's %v", err2, err)
+	}
+}
+
+func TestBaseLeaseEndIsFinal(t *testing.T) {
+	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{Name: "n"})
+	if !l.End(locks.Preempted(errors.New("by a higher priority"))) {
+		t.Fatal("first End reported false")
+	}
+	if l.End(locks.Lost(nil)) {
+		t.Fatal("second End reported true")
+	}
+	cause := context.Cause(l.Context())
+	if !errors.Is(cause, locks.ErrPreempted) || !errors.Is(cause, locks.ErrLost) {
+		t.Fatalf("cause = %v, want ErrPreempted and ErrLost", cause)
+	}
+}
+
+func TestKeepAlive(t *testing.T) {
+	var renewals atomic.Int32
+	fail := make(chan error, 1)
+	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+		Name: "n", Deadline: time.Now().Add(50 * time.Millisecond),
+	})
+	l.KeepAlive(10*time.Millisecond, func(ctx context.Context) (time.Time, error) {
+		if _, ok := ctx.Deadline(); !ok {
+			t.Error("renew context has no deadline")
+		}
+		renewals.Add(1)
+		select {
+		case err := <-fail:
+			return time.Time{}, err
+		default:
+			return time.Now().Add(50 * time.Millisecond), nil
+		}
+	})
+	time.Sleep(150 * time.Millisecond) // three deadlines: only renewals keep it alive
+	if !l.Live() {
+		t.Fatalf("lease ended despite renewals: %v", context.Cause(l.Context()))
+	}
+	fail <- locks.Lost(errors.New("key changed"))
+	select {
+	case <-l.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a renewal returning ErrLost did not end the lease")
+	}
+	if err := l.Release(context.Background()); !errors.Is(err, locks.ErrLost) {
+		t.Fatalf("Release = %v", err)
+	}
+	if renewals.Load() < 3 {
+		t.Fatalf("only %d renewals", renewals.Load())
+	}
+}
+
+func TestKeepAliveTransientErrorsHitDeadline(t *testing.T) {
+	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+		Name: "n", Deadline: time.Now().Add(60 * time.Millisecond),
+	})
+	l.KeepAlive(10*time.Millisecond, func(ctx context.Context) (time.Time, error) {
+		return time.Time{}, errors.New("broker unreachable")
+	})
+	select {
+	case <-l.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("failing renewals did not let the deadline end the lease")
+	}
+	if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrLost) {
+		t.Fatalf("cause = %v", cause)
+	}
+	_ = l.Release(context.Background())
+}

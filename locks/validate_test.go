@@ -1,0 +1,103 @@
+package locks_test
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+var natsLike = locks.NameRule{
+	What:   "key",
+	MaxLen: 64,
+	Char: func(r rune) bool {
+		return r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
+	},
+	Extra: func(s string) error {
+		if strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".") {
+			return errors.New("must not start or end with '.'")
+		}
+		return nil
+	},
+}
+
+func TestNameRule(t *testing.T) {
+	for name, ok := range map[string]bool{
+		"orders":                true,
+		"a.b-c_d":               true,
+		"":                      false,
+		".a":                    false,
+		"a b":                   false,
+		strings.Repeat("x", 65): false,
+		"\xff":                  false,
+	} {
+		err := natsLike.Check(name)
+		if ok != (err == nil) || err != nil && !errors.Is(err, locks.ErrInvalidName) {
+			t.Errorf("Check(%q) = %v", name, err)
+		}
+	}
+	var any locks.NameRule
+	if err := any.Check("tab\there"); !errors.Is(err, locks.ErrInvalidName) {
+		t.Errorf("zero rule accepted a control character: %v", err)
+	}
+	if err := any.Check("ünïcode 🔒"); err != nil {
+		t.Errorf("zero rule rejected printable unicode: %v", err)
+	}
+}
+
+func FuzzNameRule(f *testing.F) {
+	for _, s := range []string{"", "a", "a.b", "..", "\x00", "\xff\xfe", "🔒"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		for _, r := range []locks.NameRule{{}, natsLike} {
+			err := r.Check(name)
+			if err != nil && !errors.Is(err, locks.ErrInvalidName) {
+				t.Fatalf("Check(%q) = %v: not ErrInvalidName", name, err)
+			}
+			if err == nil && (name == "" || !utf8.ValidString(name)) {
+				t.Fatalf("Check(%q) accepted an empty or invalid name", name)
+			}
+		}
+	})
+}
+
+func TestOptionHelpers(t *testing.T) {
+	if err := locks.Positive("ttl", 0); !errors.Is(err, locks.ErrInvalidOption) || !strings.Contains(err.Error(), "ttl") {
+		t.Errorf("Positive(0) = %v", err)
+	}
+	if err := locks.Positive("ttl", time.Second); err != nil {
+		t.Error(err)
+	}
+	for _, f := range []float64{-0.1, 1, math.NaN(), math.Inf(1)} {
+		if err := locks.Fraction("drift", f); !errors.Is(err, locks.ErrInvalidOption) {
+			t.Errorf("Fraction(%v) = %v", f, err)
+		}
+	}
+	if err := locks.Fraction("drift", 0.01); err != nil {
+		t.Error(err)
+	}
+	type opts struct{ n int }
+	type option func(*opts) error
+	var o opts
+	err := locks.Apply(&o, []option{nil, func(o *opts) error { o.n = 1; return nil }, func(*opts) error { return locks.InvalidOption("bad") }})
+	if !errors.Is(err, locks.ErrInvalidOption) || o.n != 1 {
+		t.Errorf("Apply = %v, n = %d", err, o.n)
+	}
+}
+
+func TestHeldError(t *testing.T) {
+	cause := errors.New("key exists")
+	err := error(&locks.HeldError{Name: "jobs", Holder: "host-a", RetryAfter: 1500 * time.Millisecond, Err: cause})
+	if !errors.Is(err, locks.ErrNotAcquired) || !errors.Is(err, cause) {
+		t.Fatalf("HeldError does not match its sentinel or cause: %v", err)
+	}
+	want := `locks: not acquired: "jobs" is held by host-a (for up to 1.5s): key exists`
+	if err.Error() != want {
+		t.Fatalf("Error() = %q, want %q", err.Error(), want)
+	}
+}
