@@ -219,7 +219,7 @@ func testCancellation(t testing.TB, nh NewHarness) {
 			lease, err := b.Lock(ctx, name)
 			if err == nil {
 				_ = lease.Release(e.ctx)
-				err = errors.New("Lock returned a lease while another client held the name")
+				err = errors.New("got a lease from Lock while another client held the name")
 			}
 			done <- err
 		}()

@@ -1,0 +1,2 @@
+// Package amqpsem implements a persistent semaphore on RabbitMQ.
+package amqpsem

@@ -1,0 +1,594 @@
+//go:build mage
+
+// Build targets of latchkey: `go run mage.go <target>`, no mage install needed; -v shows every command's output.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+
+	"github.com/magefile/mage/mg"
+	"github.com/magefile/mage/sh"
+)
+
+// Every target works on all the modules of the workspace, read from
+// `go work edit -json`: `go test ./...` at the root does not reach them.
+// Each command is echoed before it runs; a quiet one shows its output when it
+// fails, or always with -v.
+//
+// Environment:
+//
+//	TESTFLAGS       extra go test flags for test and testShort, e.g. TESTFLAGS='-run TestLock -v'
+//	FUZZTIME        how long testShort fuzzes each target (default 3s)
+//	BENCH           benchmark regexp for bench (default .)
+//	BENCHFLAGS      extra go test flags for bench, e.g. BENCHFLAGS='-count=10 -benchtime=2s'
+//	LOCKBENCH_ARGS  arguments for lockbench
+//	CI              set on CI: tests fail on a missing broker instead of skipping; lint shows gofmt diffs
+
+// Tools run with `go run pkg@version`: pinned, and nothing to install.
+const (
+	staticcheck = "honnef.co/go/tools/cmd/staticcheck@v0.8.2"
+	actionlint  = "github.com/rhysd/actionlint/cmd/actionlint@v1.7.12"
+)
+
+const (
+	testTimeout      = "20m" // per module: go test -timeout
+	defaultFuzzTime  = "3s"
+	lockbenchPkg     = "./benchmarks/cmd/lockbench"
+	workflowsDir     = ".github/workflows"
+	ciScript         = ".ci/run"
+	lintTags         = "-tags=mage" // so vet and staticcheck see magefile.go too
+	composeFile      = "docker-compose.yml"
+	composeEnvExport = `export LOCKS_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/
+export LOCKS_REDIS_ADDRS=127.0.0.1:6379,127.0.0.1:6380,127.0.0.1:6381
+export LOCKS_NATS_URL=nats://127.0.0.1:4222`
+)
+
+// Default is the target run by a bare `go run mage.go`.
+var Default = Test
+
+// Test runs go test -race on every workspace module, with $TESTFLAGS.
+func Test() error {
+	extra, err := envArgs("TESTFLAGS")
+	if err != nil {
+		return err
+	}
+	if isCI() {
+		fmt.Println("CI is set: a test that finds no broker fails instead of skipping")
+	}
+	return eachModule("go test", nil, func(m module) error {
+		args := append([]string{"test", "-race", "-count=1", "-timeout=" + testTimeout, "./..."}, extra...)
+		return runV("go", m.goC(args...)...)
+	})
+}
+
+// TestShort runs go test -short -race on every module, then each fuzz target for $FUZZTIME (3s).
+func TestShort() error {
+	extra, err := envArgs("TESTFLAGS")
+	if err != nil {
+		return err
+	}
+	fuzzTime := os.Getenv("FUZZTIME")
+	if fuzzTime == "" {
+		fuzzTime = defaultFuzzTime
+	}
+	short := eachModule("go test -short", nil, func(m module) error {
+		args := append([]string{"test", "-short", "-race", "-count=1", "-timeout=" + testTimeout, "./..."}, extra...)
+		return runV("go", m.goC(args...)...)
+	})
+	// Fuzz even when a test failed: one run reports both.
+	fuzz := eachModule("fuzz", nil, func(m module) error {
+		targets, err := fuzzTargets(m)
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, t := range targets {
+			// -fuzz takes one package and one target at a time.
+			err := run("go", m.goC("test", "-run=^$", "-fuzz=^"+t.name+"$", "-fuzztime="+fuzzTime, t.pkg)...)
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	})
+	return errors.Join(short, fuzz)
+}
+
+// Bench runs the benchmarks of every workspace module matching $BENCH (.), with $BENCHFLAGS.
+func Bench() error {
+	bench := os.Getenv("BENCH")
+	if bench == "" {
+		bench = "."
+	}
+	extra, err := envArgs("BENCHFLAGS")
+	if err != nil {
+		return err
+	}
+	return eachModule("go test -bench", nil, func(m module) error {
+		args := append([]string{"test", "-run=^$", "-bench=" + bench, "-benchmem", "-timeout=" + testTimeout, "./..."}, extra...)
+		return runV("go", m.goC(args...)...)
+	})
+}
+
+// Lint runs gofmt, go vet, staticcheck and actionlint, and reports every finding.
+func Lint() error {
+	errs := []error{gofmt()}
+	// vet and staticcheck take the module's packages as a pattern from here,
+	// rather than run inside it, so that they name files from here.
+	errs = append(errs, eachModule("go vet", []string{lintTags}, func(m module) error {
+		return run("go", "vet", lintTags, m.packages())
+	}))
+	errs = append(errs, eachModule("staticcheck", []string{lintTags}, func(m module) error {
+		return run("go", "run", staticcheck, lintTags, m.packages())
+	}))
+	errs = append(errs, lintWorkflows(), lintScripts())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("lint failed:\n%w", err)
+	}
+	return nil
+}
+
+// Check runs Lint, then Test.
+func Check() {
+	mg.SerialDeps(Lint, Test)
+}
+
+// Lockbench runs the cross-backend benchmark command with $LOCKBENCH_ARGS.
+func Lockbench() error {
+	root, err := workspaceRoot()
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(root, lockbenchPkg)); err != nil {
+		fmt.Printf("lockbench is not built yet: %s does not exist\n", lockbenchPkg)
+		return fmt.Errorf("lockbench: %s: %w", lockbenchPkg, fs.ErrNotExist)
+	}
+	args, err := envArgs("LOCKBENCH_ARGS")
+	if err != nil {
+		return err
+	}
+	return runV("go", append([]string{"-C", display(root), "run", lockbenchPkg}, args...)...)
+}
+
+// Compose runs the brokers of docker-compose.yml for a laptop.
+type Compose mg.Namespace
+
+// Up starts RabbitMQ, three Redis masters and NATS, and waits until they are healthy.
+func (Compose) Up() error {
+	file, err := composePath()
+	if err != nil {
+		return err
+	}
+	if err := runV("docker", "compose", "-f", file, "up", "-d", "--wait"); err != nil {
+		return err
+	}
+	fmt.Printf("brokers are up; to point the tests at them:\n%s\n", composeEnvExport)
+	return nil
+}
+
+// Down stops the brokers of docker-compose.yml and removes their volumes.
+func (Compose) Down() error {
+	file, err := composePath()
+	if err != nil {
+		return err
+	}
+	return runV("docker", "compose", "-f", file, "down", "-v")
+}
+
+func composePath() (string, error) {
+	root, err := workspaceRoot()
+	if err != nil {
+		return "", err
+	}
+	return display(filepath.Join(root, composeFile)), nil
+}
+
+// gofmt lists the Go files of the workspace modules that gofmt would change,
+// magefile.go and mage.go included, testdata and vendor excluded.
+func gofmt() error {
+	mods, err := modules()
+	if err != nil {
+		return err
+	}
+	var files []string
+	for _, m := range mods {
+		got, err := goFiles(m.abs)
+		if err != nil {
+			return err
+		}
+		files = append(files, got...)
+	}
+	if len(files) == 0 {
+		return nil
+	}
+	fmt.Printf("+ gofmt -l <the %d .go files of the %d modules>\n", len(files), len(mods))
+	out, err := sh.Output("gofmt", append([]string{"-l"}, files...)...)
+	if err != nil {
+		return fmt.Errorf("gofmt: %w", err)
+	}
+	if out == "" {
+		return nil
+	}
+	fmt.Printf("these files are not gofmt'ed (run gofmt -w on them):\n%s\n", out)
+	if isCI() {
+		if diff, _ := sh.Output("gofmt", append([]string{"-d"}, strings.Fields(out)...)...); diff != "" {
+			fmt.Println(diff)
+		}
+	}
+	return fmt.Errorf("gofmt: %d files not formatted", len(strings.Fields(out)))
+}
+
+// goFiles returns the .go files under dir, skipping testdata, vendor, hidden
+// and _ directories, and nested modules (linted as modules of their own).
+func goFiles(dir string) ([]string, error) {
+	var files []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path == dir {
+				return nil
+			}
+			name := d.Name()
+			if name == "testdata" || name == "vendor" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") {
+				return filepath.SkipDir
+			}
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(path, ".go") {
+			files = append(files, display(path))
+		}
+		return nil
+	})
+	return files, err
+}
+
+// lintWorkflows runs actionlint on the GitHub workflows.
+func lintWorkflows() error {
+	root, err := workspaceRoot()
+	if err != nil {
+		return err
+	}
+	var files []string
+	for _, pat := range []string{"*.yml", "*.yaml"} {
+		m, _ := filepath.Glob(filepath.Join(root, workflowsDir, pat))
+		files = append(files, m...)
+	}
+	if len(files) == 0 {
+		fmt.Printf("no workflows in %s: actionlint skipped\n", workflowsDir)
+		return nil
+	}
+	for i := range files {
+		files[i] = display(files[i])
+	}
+	return run("go", append([]string{"run", actionlint}, files...)...)
+}
+
+// lintScripts checks the syntax of the CI script.
+func lintScripts() error {
+	root, err := workspaceRoot()
+	if err != nil {
+		return err
+	}
+	script := filepath.Join(root, ciScript)
+	if _, err := os.Stat(script); err != nil {
+		return nil
+	}
+	return run("bash", "-n", display(script))
+}
+
+// A fuzzTarget is one Fuzz function of one package.
+type fuzzTarget struct{ pkg, name string }
+
+var fuzzName = regexp.MustCompile(`^Fuzz\w*$`)
+
+// fuzzTargets lists the fuzz targets of a module with go test -list.
+func fuzzTargets(m module) ([]fuzzTarget, error) {
+	out, err := output("go", m.goC("test", "-list=^Fuzz", "./...")...)
+	if err != nil {
+		return nil, err
+	}
+	// go test -list prints a package's matching names, then "ok  <pkg> <time>".
+	var targets []fuzzTarget
+	var names []string
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		f := strings.Fields(line)
+		switch {
+		case fuzzName.MatchString(line):
+			names = append(names, line)
+		case len(f) >= 2 && f[0] == "ok":
+			for _, n := range names {
+				targets = append(targets, fuzzTarget{pkg: f[1], name: n})
+			}
+			names = nil
+		default:
+			names = nil
+		}
+	}
+	if len(targets) == 0 && mg.Verbose() {
+		fmt.Printf("%s: no fuzz targets\n", m.dir)
+	}
+	return targets, nil
+}
+
+// A module is one `use` of go.work.
+type module struct {
+	dir string // as given to go -C: relative to the current directory where possible
+	abs string
+}
+
+// packages returns the pattern matching the module's packages from here: in a
+// workspace, a relative pattern stops at nested modules.
+func (m module) packages() string {
+	return filepath.ToSlash(m.dir) + "/..."
+}
+
+// goC returns the go command's arguments to run args in the module.
+func (m module) goC(args ...string) []string {
+	return append([]string{"-C", m.dir}, args...)
+}
+
+var (
+	modsOnce sync.Once
+	mods     []module
+	modsErr  error
+)
+
+// modules returns the workspace modules, in go.work order.
+func modules() ([]module, error) {
+	modsOnce.Do(func() {
+		root, err := workspaceRoot()
+		if err != nil {
+			modsErr = err
+			return
+		}
+		out, err := sh.Output("go", "work", "edit", "-json", filepath.Join(root, "go.work"))
+		if err != nil {
+			modsErr = fmt.Errorf("go work edit -json: %w", err)
+			return
+		}
+		var work struct{ Use []struct{ DiskPath string } }
+		if err := json.Unmarshal([]byte(out), &work); err != nil {
+			modsErr = fmt.Errorf("go work edit -json: %w", err)
+			return
+		}
+		for _, u := range work.Use {
+			abs := u.DiskPath
+			if !filepath.IsAbs(abs) {
+				abs = filepath.Join(root, abs)
+			}
+			mods = append(mods, module{dir: display(abs), abs: abs})
+		}
+		if len(mods) == 0 {
+			modsErr = errors.New("go.work uses no modules")
+		}
+	})
+	return mods, modsErr
+}
+
+var (
+	rootOnce sync.Once
+	root     string
+	rootErr  error
+)
+
+// workspaceRoot returns the directory of go.work.
+func workspaceRoot() (string, error) {
+	rootOnce.Do(func() {
+		gowork, err := sh.Output("go", "env", "GOWORK")
+		switch {
+		case err != nil:
+			rootErr = fmt.Errorf("go env GOWORK: %w", err)
+		case gowork == "" || gowork == "off":
+			rootErr = errors.New("not in a go.work workspace (go env GOWORK is empty or off)")
+		default:
+			root = filepath.Dir(gowork)
+		}
+	})
+	return root, rootErr
+}
+
+// eachModule runs fn on every workspace module that has packages (built with
+// tags), going on after a failure, and fails if any module failed.
+func eachModule(what string, tags []string, fn func(module) error) error {
+	mods, err := modules()
+	if err != nil {
+		return err
+	}
+	var failed []string
+	var errs []error
+	for _, m := range mods {
+		pkgs, err := output("go", m.goC(append(append([]string{"list", "-e"}, tags...), "./...")...)...)
+		if err != nil {
+			failed = append(failed, m.dir)
+			errs = append(errs, err)
+			continue
+		}
+		if strings.TrimSpace(pkgs) == "" {
+			if mg.Verbose() {
+				fmt.Printf("%s: no packages, skipped\n", m.dir)
+			}
+			continue
+		}
+		if err := fn(m); err != nil {
+			failed = append(failed, m.dir)
+			errs = append(errs, err)
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%s failed in %s: %w", what, strings.Join(failed, ", "), errors.Join(errs...))
+	}
+	return nil
+}
+
+// runV echoes a command and runs it with its output streamed.
+func runV(cmd string, args ...string) error {
+	echo(cmd, args...)
+	return exitErr(cmd, args, execCmd(os.Stdout, os.Stderr, cmd, args...))
+}
+
+// run echoes a command and runs it, showing its output only when it fails or
+// with -v.
+func run(cmd string, args ...string) error {
+	echo(cmd, args...)
+	if mg.Verbose() {
+		return exitErr(cmd, args, execCmd(os.Stdout, os.Stderr, cmd, args...))
+	}
+	var buf strings.Builder
+	err := execCmd(&buf, &buf, cmd, args...)
+	if err != nil {
+		fmt.Print(buf.String())
+	}
+	return exitErr(cmd, args, err)
+}
+
+// output runs a command quietly and returns its stdout, echoing it and
+// showing its stderr when it fails or with -v.
+func output(cmd string, args ...string) (string, error) {
+	if mg.Verbose() {
+		echo(cmd, args...)
+	}
+	var stdout, stderr strings.Builder
+	err := execCmd(&stdout, &stderr, cmd, args...)
+	if err != nil || mg.Verbose() {
+		if err != nil && !mg.Verbose() {
+			echo(cmd, args...)
+		}
+		fmt.Fprint(os.Stderr, stderr.String())
+	}
+	return stdout.String(), exitErr(cmd, args, err)
+}
+
+// execCmd runs cmd with exactly args. (sh.Exec would expand $NAME in them,
+// which can change a regexp such as -run 'Test$1'.)
+func execCmd(stdout, stderr io.Writer, cmd string, args ...string) error {
+	c := exec.Command(cmd, args...)
+	c.Stdout, c.Stderr, c.Stdin = stdout, stderr, os.Stdin
+	return c.Run()
+}
+
+// exitErr turns a failed command into an error that makes mage exit with the
+// command's exit code.
+func exitErr(cmd string, args []string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if sh.CmdRan(err) {
+		return mg.Fatalf(sh.ExitStatus(err), "%s: exit code %d", cmdline(cmd, args), sh.ExitStatus(err))
+	}
+	return fmt.Errorf("%s: %w", cmdline(cmd, args), err)
+}
+
+func echo(cmd string, args ...string) {
+	fmt.Println("+ " + cmdline(cmd, args))
+}
+
+// cmdline renders a command as a line to paste into a shell.
+func cmdline(cmd string, args []string) string {
+	words := make([]string, 0, len(args)+1)
+	for _, w := range append([]string{cmd}, args...) {
+		words = append(words, shellQuote(w))
+	}
+	return strings.Join(words, " ")
+}
+
+var shellSafe = regexp.MustCompile(`^[\w@%+=:,./-]+$`)
+
+func shellQuote(s string) string {
+	if shellSafe.MatchString(s) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// display returns path relative to the current directory when it is inside
+// it, for shorter command lines; else path.
+func display(path string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return path
+	}
+	rel, err := filepath.Rel(wd, path)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return path
+	}
+	if rel == "." {
+		return "."
+	}
+	return "." + string(filepath.Separator) + rel
+}
+
+func isCI() bool {
+	v := os.Getenv("CI")
+	return v != "" && v != "0" && !strings.EqualFold(v, "false")
+}
+
+// envArgs splits the environment variable name into arguments as a shell
+// would: blanks separate them, and '...', "..." and \ quote.
+func envArgs(name string) ([]string, error) {
+	args, err := splitArgs(os.Getenv(name))
+	if err != nil {
+		return nil, fmt.Errorf("$%s: %w", name, err)
+	}
+	return args, nil
+}
+
+func splitArgs(s string) ([]string, error) {
+	var args []string
+	var cur strings.Builder
+	inWord := false
+	var quote rune
+	escaped := false
+	for _, r := range s {
+		switch {
+		case escaped:
+			cur.WriteRune(r)
+			escaped = false
+		case quote == '\'':
+			if r == '\'' {
+				quote = 0
+			} else {
+				cur.WriteRune(r)
+			}
+		case r == '\\':
+			escaped, inWord = true, true
+		case quote == '"':
+			if r == '"' {
+				quote = 0
+			} else {
+				cur.WriteRune(r)
+			}
+		case r == '\'' || r == '"':
+			quote, inWord = r, true
+		case r == ' ' || r == '\t' || r == '\n':
+			if inWord {
+				args = append(args, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quote != 0 || escaped {
+		return nil, fmt.Errorf("unterminated quote or escape in %q", s)
+	}
+	if inWord {
+		args = append(args, cur.String())
+	}
+	return args, nil
+}

@@ -1,0 +1,2 @@
+// Package redlockprio implements Redlock on independent Redis masters, with priorities and lock theft.
+package redlockprio
