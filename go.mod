@@ -1,5 +1,5 @@
 module github.com/latchkey-go/latchkey
 
-go 1.26
+go 1.26.0
 
 require github.com/magefile/mage v1.17.2

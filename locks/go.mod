@@ -1,3 +1,3 @@
 module github.com/latchkey-go/latchkey/locks
 
-go 1.26
+go 1.26.0

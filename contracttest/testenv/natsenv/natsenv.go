@@ -1,0 +1,438 @@
+// Package natsenv provides NATS servers with JetStream to tests: a single
+// node or a cluster, embedded in the test process (nats-server/v2 as a
+// library) on loopback ports, so that tests need nothing installed.
+//
+// It is a module of its own, separate from testenv, so that the NATS server
+// is only in the module graph of the backends that use it.
+//
+// Servers log through the test (t.Log) when tests run with -v, and are silent
+// otherwise. Everything started is shut down by [testing.TB.Cleanup].
+package natsenv
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+const (
+	// readyTimeout bounds how long a server may take to accept clients.
+	readyTimeout = 10 * time.Second
+	// clusterTimeout bounds how long a cluster may take to elect a
+	// JetStream meta leader and bring every node up to date.
+	clusterTimeout = 30 * time.Second
+	// quiesceTimeout bounds how long the cleanup waits for a cluster to
+	// settle before shutting it down.
+	quiesceTimeout = 5 * time.Second
+	// startAttempts is how many sets of free ports StartCluster tries, since
+	// a port chosen by testenv.FreePort may be taken before a node binds it.
+	startAttempts = 3
+
+	maxMemory = 256 << 20
+	maxStore  = 1 << 30
+)
+
+// URL returns the client URL of a NATS server with JetStream the test can use:
+// the LOCKS_NATS_URL environment variable if it is set (it may list several
+// URLs, comma-separated), or else the URL of a single embedded server started
+// for the test by [StartServer]. A server from the environment is shared, so
+// tests use unique bucket and key names. URL must be called from the
+// goroutine running the test.
+func URL(t testing.TB) string {
+	t.Helper()
+	if u := strings.TrimSpace(os.Getenv("LOCKS_NATS_URL")); u != "" {
+		return u
+	}
+	return StartServer(t).URL()
+}
+
+// A Server is one embedded NATS server with JetStream, alone or a node of a
+// [Cluster]. Its client port and store directory stay the same across
+// [Server.Restart], so clients reconnect to the same URL and find their
+// streams again. Its methods are safe to call from several goroutines; each
+// waits for the previous one to finish.
+type Server struct {
+	name string
+	url  string
+	log  *logger
+
+	mu   sync.Mutex
+	opts *server.Options // the client port is fixed after the first start
+	ns   *server.Server  // nil while shut down
+	done bool            // shut down for good by the cleanup
+}
+
+// StartServer starts a single NATS server with JetStream on a free port of
+// 127.0.0.1, storing in a temporary directory, and returns once it accepts
+// clients. It is shut down at the end of the test. The test fails if the
+// server cannot start. StartServer must be called from the goroutine running
+// the test.
+func StartServer(t testing.TB) *Server {
+	t.Helper()
+	s := newServer(t, fmt.Sprintf("latchkey-%d", seq.Add(1)), nil)
+	if err := s.start(); err != nil {
+		t.Fatalf("natsenv: %v", err)
+	}
+	t.Cleanup(func() {
+		if ns := s.server(); ns != nil { // settle first, as a cluster does
+			_ = waitFor(quiesceTimeout, func() error { return healthy(ns) })
+		}
+		s.close()
+	})
+	return s
+}
+
+var seq atomic.Uint64
+
+func newServer(t testing.TB, name string, cluster *server.ClusterOpts) *Server {
+	opts := &server.Options{
+		ServerName:             name,
+		Host:                   "127.0.0.1",
+		Port:                   server.RANDOM_PORT,
+		NoLog:                  true,
+		NoSigs:                 true,
+		DisableJetStreamBanner: true,
+		JetStream:              true,
+		JetStreamMaxMemory:     maxMemory,
+		JetStreamMaxStore:      maxStore,
+		StoreDir:               t.TempDir(),
+	}
+	if cluster != nil {
+		opts.Cluster = *cluster
+	}
+	return &Server{name: name, opts: opts, log: newLogger(t)}
+}
+
+// URL returns the server's client URL, "nats://127.0.0.1:port".
+func (s *Server) URL() string { return s.url }
+
+// Name returns the server's name, as JetStream reports it (for example as
+// the leader in a stream's cluster information).
+func (s *Server) Name() string { return s.name }
+
+// Running reports whether the server is running.
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ns != nil
+}
+
+// Shutdown stops the server, closing its client and route connections; a
+// cluster node hands over its leaderships first, as a node being shut down
+// cleanly does. It returns once the server is down. Shutting down a server
+// that is not running does nothing.
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.shutdownLocked()
+}
+
+func (s *Server) shutdownLocked() {
+	if s.ns == nil {
+		return
+	}
+	s.ns.Shutdown()
+	s.ns.WaitForShutdown()
+	s.ns = nil
+}
+
+// Restart shuts the server down if it is running, then starts it again on the
+// same client (and cluster) port with the same store directory, and returns
+// once it accepts clients and, for a cluster node, once its JetStream state is
+// up to date: its JetStream state is current with the meta leader and every
+// stream and consumer it holds runs and is current. It returns an error if the
+// server cannot start or catch up, or at the end of the test.
+func (s *Server) Restart() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return fmt.Errorf("natsenv: restart %s: test is over", s.name)
+	}
+	s.shutdownLocked()
+	if err := s.startLocked(); err != nil {
+		return err
+	}
+	ns := s.ns
+	return waitFor(clusterTimeout, func() error { return healthy(ns) })
+}
+
+// healthy reports whether ns passes its own health check (/healthz): it
+// accepts clients, its JetStream is current with the meta leader, and every
+// stream and consumer assigned to it runs and is current.
+func healthy(ns *server.Server) error {
+	if h := ns.Healthz(nil); h.StatusCode != http.StatusOK {
+		return fmt.Errorf("natsenv: %s: unhealthy: %s %s", ns.Name(), h.Status, h.Error)
+	}
+	return nil
+}
+
+func (s *Server) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.startLocked()
+}
+
+func (s *Server) startLocked() error {
+	ns, err := server.NewServer(s.opts.Clone())
+	if err != nil {
+		return fmt.Errorf("natsenv: %s: %w", s.name, err)
+	}
+	if s.log != nil {
+		ns.SetLoggerV2(s.log, false, false, false)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(readyTimeout) {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return fmt.Errorf("natsenv: %s: not ready for connections after %v", s.name, readyTimeout)
+	}
+	if !ns.JetStreamEnabled() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return fmt.Errorf("natsenv: %s: JetStream did not start", s.name)
+	}
+	if s.opts.Port == server.RANDOM_PORT {
+		s.opts.Port = ns.Addr().(*net.TCPAddr).Port
+		s.url = "nats://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.opts.Port))
+	}
+	s.ns = ns
+	return nil
+}
+
+// close shuts the server down for good, at the end of the test.
+func (s *Server) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done = true
+	s.shutdownLocked()
+	s.log.close()
+}
+
+// server returns the running server, or nil.
+func (s *Server) server() *server.Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ns
+}
+
+// A Cluster is a JetStream cluster of embedded NATS servers on loopback,
+// started by [StartCluster]. Its methods are safe to call from several
+// goroutines.
+type Cluster struct {
+	servers []*Server
+}
+
+// StartCluster starts an n-node JetStream cluster (n >= 2; use 3 for a
+// cluster that survives losing one node) on free ports of 127.0.0.1, each
+// node with its own store directory and routes to all the others. It returns
+// once the nodes accept clients, a JetStream meta leader is elected, it sees
+// every node, and every node passes its health check. The cluster is shut down at the
+// end of the test. The test fails if it cannot start. StartCluster must be
+// called from the goroutine running the test.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	if n < 2 {
+		t.Fatalf("natsenv: StartCluster(%d): a cluster needs at least 2 nodes", n)
+	}
+	var err error
+	for range startAttempts {
+		var c *Cluster
+		if c, err = startCluster(t, n); err == nil {
+			return c
+		}
+	}
+	t.Fatalf("natsenv: start cluster: %v", err)
+	return nil
+}
+
+func startCluster(t testing.TB, n int) (*Cluster, error) {
+	id := seq.Add(1)
+	ports := make([]int, n)
+	routes := make([]string, n)
+	for i := range ports {
+		ports[i] = testenv.FreePort(t)
+		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", ports[i])
+	}
+	c := &Cluster{}
+	for i := range n {
+		s := newServer(t, fmt.Sprintf("latchkey-%d-n%d", id, i), &server.ClusterOpts{
+			Name: fmt.Sprintf("latchkey-%d", id),
+			Host: "127.0.0.1",
+			Port: ports[i],
+		})
+		// Routes list every node, this one included (a route to itself is
+		// ignored): JetStream sizes its meta group from them.
+		s.opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+		c.servers = append(c.servers, s)
+	}
+	for _, s := range c.servers {
+		if err := s.start(); err != nil {
+			c.shutdown()
+			return nil, err
+		}
+	}
+	if err := c.waitReady(); err != nil {
+		c.shutdown()
+		return nil, err
+	}
+	t.Cleanup(func() {
+		// Let nodes finish creating their streams first: a node shut down
+		// in the middle of it can leak the stream's store goroutines
+		// (nats-server 2.11), which goleak then reports.
+		_ = c.waitReadyWithin(quiesceTimeout)
+		c.shutdown()
+	})
+	return c, nil
+}
+
+// shutdown stops every node for good.
+func (c *Cluster) shutdown() {
+	for _, s := range c.servers {
+		s.close()
+	}
+}
+
+// URLs returns the client URLs of all the nodes, comma-separated, as NATS
+// clients accept them. It includes nodes that are stopped.
+func (c *Cluster) URLs() string {
+	urls := make([]string, len(c.servers))
+	for i, s := range c.servers {
+		urls[i] = s.URL()
+	}
+	return strings.Join(urls, ",")
+}
+
+// Servers returns the nodes, in a fixed order: Stop(i) and Restart(i) act on
+// Servers()[i].
+func (c *Cluster) Servers() []*Server { return c.servers }
+
+// Stop shuts node i down (see [Server.Shutdown]). The others go on; a new
+// meta leader is elected if node i was the leader.
+func (c *Cluster) Stop(i int) { c.servers[i].Shutdown() }
+
+// Restart starts node i again with its ports and store directory, and returns
+// once the cluster is ready again as after [StartCluster], counting only the
+// nodes that are running: a meta leader sees them all, and each is healthy
+// (current with the meta leader, its streams and consumers running and
+// current).
+func (c *Cluster) Restart(i int) error {
+	if err := c.servers[i].Restart(); err != nil {
+		return err
+	}
+	return c.waitReady()
+}
+
+// MetaLeader returns the index of the node that is the JetStream meta
+// leader, or -1 if no running node is.
+func (c *Cluster) MetaLeader() int {
+	for i, s := range c.servers {
+		if ns := s.server(); ns != nil && ns.JetStreamIsLeader() {
+			return i
+		}
+	}
+	return -1
+}
+
+// waitReady waits until a meta leader is elected among the running nodes, it
+// sees all of them, and all of them are healthy.
+func (c *Cluster) waitReady() error { return c.waitReadyWithin(clusterTimeout) }
+
+func (c *Cluster) waitReadyWithin(timeout time.Duration) error {
+	return waitFor(timeout, func() error {
+		var running []*server.Server
+		for _, s := range c.servers {
+			if ns := s.server(); ns != nil {
+				running = append(running, ns)
+			}
+		}
+		i := c.MetaLeader()
+		if i < 0 {
+			return errors.New("natsenv: no JetStream meta leader")
+		}
+		leader := c.servers[i].server()
+		if leader == nil {
+			return errors.New("natsenv: meta leader stopped")
+		}
+		if peers := leader.JetStreamClusterPeers(); len(peers) != len(running) {
+			return fmt.Errorf("natsenv: meta leader %s sees %d of %d nodes", leader.Name(), len(peers), len(running))
+		}
+		for _, ns := range running {
+			if err := healthy(ns); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// waitFor calls probe until it returns nil or timeout passes, and returns its
+// last error.
+func waitFor(timeout time.Duration, probe func() error) error {
+	deadline := time.Now().Add(timeout)
+	delay := 10 * time.Millisecond
+	for {
+		err := probe()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w (after %v)", err, timeout)
+		}
+		time.Sleep(delay)
+		delay = min(2*delay, 250*time.Millisecond)
+	}
+}
+
+// logger passes a server's notices, warnings and errors to t.Log while the
+// test runs with -v. It is nil otherwise, and its methods do nothing.
+type logger struct {
+	t      testing.TB
+	mu     sync.Mutex
+	closed bool
+}
+
+func newLogger(t testing.TB) *logger {
+	if !testing.Verbose() {
+		return nil
+	}
+	return &logger{t: t}
+}
+
+func (l *logger) logf(level, format string, v ...any) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// t.Log panics once the test is over: servers stop logging at cleanup.
+	if !l.closed {
+		l.t.Logf("nats-server: "+level+" "+format, v...)
+	}
+}
+
+func (l *logger) close() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+}
+
+func (l *logger) Noticef(format string, v ...any) { l.logf("[INF]", format, v...) }
+func (l *logger) Warnf(format string, v ...any)   { l.logf("[WRN]", format, v...) }
+func (l *logger) Fatalf(format string, v ...any)  { l.logf("[FTL]", format, v...) }
+func (l *logger) Errorf(format string, v ...any)  { l.logf("[ERR]", format, v...) }
+func (l *logger) Debugf(format string, v ...any)  {}
+func (l *logger) Tracef(format string, v ...any)  {}

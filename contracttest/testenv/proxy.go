@@ -1,0 +1,344 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Why not toxiproxy: github.com/Shopify/toxiproxy/v2 v2.5.0 (the last version
+// the module proxy serves) leaks two goroutines per connection whenever a
+// write to one side fails while the other side is still sending (its noop
+// toxic and ChanWriter block forever on an unbuffered channel nobody reads
+// any more): exactly what happens when a test kills a broker under a busy
+// client, and what goleak then reports. Updating a toxic in place is also a
+// data race. The few faults we need are simpler to get right here.
+
+// proxyDialTimeout bounds the proxy's connection to its upstream.
+const proxyDialTimeout = 5 * time.Second
+
+// A Proxy is a TCP proxy on 127.0.0.1 between clients and one upstream
+// address, which injects network faults on demand: [Proxy.Cut],
+// [Proxy.BlackHole], [Proxy.Latency] and [Proxy.ResetPeer], undone by
+// [Proxy.Restore]. Faults apply to connections already open and to new ones,
+// in both directions at once, so that a client sees a partition or a dead
+// peer rather than a misbehaving server. Its methods are safe to call from
+// several goroutines. The proxy and its connections are closed at the end of
+// the test that created it.
+type Proxy struct {
+	t        testing.TB
+	upstream string
+	addr     string
+	ctx      context.Context // cancelled at cleanup, ends dials
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // the accept loop and every link's goroutines
+
+	mu        sync.Mutex
+	ln        net.Listener // nil while cut or closed
+	links     map[*link]struct{}
+	closed    bool
+	blackHole bool
+	reset     bool
+	latency   time.Duration
+	wake      chan struct{} // closed and replaced when a fault changes
+}
+
+// NewProxy starts a proxy listening on a free port of 127.0.0.1 that forwards
+// each connection to upstream (host:port), dialled when the client connects;
+// if that dial fails, the client's connection is closed. The test fails if
+// the proxy cannot listen. NewProxy must be called from the goroutine running
+// the test.
+func NewProxy(t testing.TB, upstream string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: proxy to %s: %v", upstream, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Proxy{
+		t:        t,
+		upstream: upstream,
+		addr:     ln.Addr().String(),
+		ctx:      ctx,
+		cancel:   cancel,
+		ln:       ln,
+		links:    map[*link]struct{}{},
+		wake:     make(chan struct{}),
+	}
+	p.wg.Go(func() { p.accept(ln) })
+	t.Cleanup(p.close)
+	return p
+}
+
+// Addr returns the address clients dial, "127.0.0.1:port". It does not change
+// across [Proxy.Cut] and [Proxy.Restore].
+func (p *Proxy) Addr() string { return p.addr }
+
+// Cut closes every connection through the proxy and refuses new ones until
+// [Proxy.Restore], as when the upstream host goes away. Cutting a cut proxy
+// does nothing.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	links := p.linksLocked(func(*link) bool { return true })
+	p.mu.Unlock()
+	for _, l := range links {
+		l.close(false)
+	}
+}
+
+// linksLocked returns the open links for which keep returns true.
+func (p *Proxy) linksLocked(keep func(*link) bool) []*link {
+	var links []*link
+	for l := range p.links {
+		if keep(l) {
+			links = append(links, l)
+		}
+	}
+	return links
+}
+
+// BlackHole keeps connections open, and accepts new ones, but delivers nothing
+// in either direction, not even a close, until [Proxy.Restore]: as in a
+// network partition, clients' writes succeed and their reads time out.
+// Restore then closes the connections that lost data or a close (their byte
+// streams cannot be repaired); connections that stayed idle go on.
+func (p *Proxy) BlackHole() {
+	p.setFaults(func() { p.blackHole = true })
+}
+
+// Latency delays each piece of data in each direction by d, so that a
+// request and its reply take at least 2*d more, until [Proxy.Restore]. A
+// later call replaces the delay, also for data already waiting.
+func (p *Proxy) Latency(d time.Duration) {
+	p.setFaults(func() { p.latency = max(d, 0) })
+}
+
+// ResetPeer makes the proxy reset each connection (TCP RST to both sides,
+// "connection reset by peer") as soon as data arrives on it from either side,
+// until [Proxy.Restore]. Idle connections are reset when they next carry data.
+func (p *Proxy) ResetPeer() {
+	p.setFaults(func() { p.reset = true })
+}
+
+// Restore removes every fault and accepts connections again, on the same
+// address; see [Proxy.BlackHole] for the connections it closes. Restoring a
+// healthy proxy does nothing. The test fails (without stopping) if the
+// address was taken while the proxy was cut.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	p.blackHole, p.reset, p.latency = false, false, 0
+	p.wakeLocked()
+	tainted := p.linksLocked(func(l *link) bool { return l.tainted.Load() })
+	if p.ln == nil && !p.closed {
+		ln, err := net.Listen("tcp", p.addr)
+		if err != nil {
+			p.t.Errorf("testenv: restore proxy %s: %v", p.addr, err)
+		} else {
+			p.ln = ln
+			p.wg.Go(func() { p.accept(ln) })
+		}
+	}
+	p.mu.Unlock()
+	for _, l := range tainted {
+		l.close(false)
+	}
+}
+
+func (p *Proxy) setFaults(set func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	set()
+	p.wakeLocked()
+}
+
+// wakeLocked tells waiting writers that the faults changed.
+func (p *Proxy) wakeLocked() {
+	close(p.wake)
+	p.wake = make(chan struct{})
+}
+
+// faults returns the current faults and a channel closed when they change.
+func (p *Proxy) faults() (blackHole, reset bool, latency time.Duration, wake <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.blackHole, p.reset, p.latency, p.wake
+}
+
+// close stops the proxy for good and waits for all its goroutines.
+func (p *Proxy) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.Cut()
+	p.cancel()
+	p.wg.Wait()
+}
+
+func (p *Proxy) accept(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return // closed by Cut or cleanup
+		}
+		p.wg.Go(func() { p.serve(ln, c) })
+	}
+}
+
+// serve dials the upstream for client connection c, accepted on ln, and
+// starts relaying.
+func (p *Proxy) serve(ln net.Listener, c net.Conn) {
+	d := net.Dialer{Timeout: proxyDialTimeout}
+	u, err := d.DialContext(p.ctx, "tcp", p.upstream)
+	if err != nil {
+		c.Close()
+		return
+	}
+	l := &link{client: c, upstream: u, done: make(chan struct{})}
+	p.mu.Lock()
+	if p.ln != ln { // cut (or closed) while dialling
+		p.mu.Unlock()
+		c.Close()
+		u.Close()
+		return
+	}
+	l.onClose = func() {
+		p.mu.Lock()
+		delete(p.links, l)
+		p.mu.Unlock()
+	}
+	p.links[l] = struct{}{}
+	p.mu.Unlock()
+	for _, dir := range [...]struct{ src, dst net.Conn }{{c, u}, {u, c}} {
+		q := make(chan chunk, 64)
+		p.wg.Go(func() { p.read(l, dir.src, q) })
+		p.wg.Go(func() { p.write(l, dir.dst, q) })
+	}
+}
+
+// A link is one client connection and its upstream connection.
+type link struct {
+	client, upstream net.Conn
+	done             chan struct{} // closed by close
+	onClose          func()        // called once by close, without Proxy.mu held
+	once             sync.Once
+	halfClosed       atomic.Int32 // directions whose source closed cleanly
+	// tainted is set when data or a close was swallowed by a black hole.
+	tainted atomic.Bool
+}
+
+// close closes both connections, with a TCP RST if rst is set.
+func (l *link) close(rst bool) {
+	l.once.Do(func() {
+		close(l.done)
+		for _, c := range []net.Conn{l.client, l.upstream} {
+			if tc, ok := c.(*net.TCPConn); ok && rst {
+				tc.SetLinger(0)
+			}
+			c.Close()
+		}
+		if l.onClose != nil {
+			l.onClose()
+		}
+	})
+}
+
+// A chunk is data read from one side, with the time it was read.
+type chunk struct {
+	b   []byte
+	at  time.Time
+	rst bool // the source was reset: nothing more comes
+}
+
+// read reads from src into q until src ends, then closes q.
+func (p *Proxy) read(l *link, src net.Conn, q chan<- chunk) {
+	defer close(q)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, reset, _, _ := p.faults(); reset {
+				l.close(true)
+				return
+			}
+			select {
+			case q <- chunk{b: append([]byte(nil), buf[:n]...), at: time.Now()}:
+			case <-l.done:
+				return
+			}
+		}
+		if err != nil {
+			if errors.Is(err, syscall.ECONNRESET) {
+				select {
+				case q <- chunk{rst: true, at: time.Now()}:
+				case <-l.done:
+				}
+			}
+			return
+		}
+	}
+}
+
+// write writes what q delivers to dst, applying the faults, until q is
+// closed or the link is.
+func (p *Proxy) write(l *link, dst net.Conn, q <-chan chunk) {
+	for {
+		var (
+			c  chunk
+			ok bool
+		)
+		select {
+		case c, ok = <-q:
+		case <-l.done:
+			return
+		}
+		for {
+			blackHole, _, latency, wake := p.faults()
+			if blackHole {
+				l.tainted.Store(true) // drop it
+				break
+			}
+			if wait := time.Until(c.at.Add(latency)); ok && wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-t.C:
+				case <-wake:
+					t.Stop()
+				case <-l.done:
+					t.Stop()
+					return
+				}
+				continue
+			}
+			switch {
+			case !ok: // the source closed cleanly: pass the close on
+				if tc, isTCP := dst.(*net.TCPConn); isTCP && l.halfClosed.Add(1) < 2 {
+					tc.CloseWrite()
+				} else {
+					l.close(false)
+				}
+				return
+			case c.rst:
+				l.close(true)
+				return
+			}
+			if _, err := dst.Write(c.b); err != nil {
+				l.close(errors.Is(err, syscall.ECONNRESET))
+				return
+			}
+			break
+		}
+		if !ok { // swallowed by a black hole
+			<-l.done
+			return
+		}
+	}
+}
