@@ -1,2 +1,93 @@
-// Package natsputex implements a process mutex (putex) and leader election on a NATS JetStream KV key.
+// Package natsputex implements locks, semaphores and leader election
+// (putex, a process mutex) on the keys of a NATS JetStream KV bucket.
+//
+// A [Client] works on one bucket, created by [New] if missing. Its
+// [Locker] is a [locks.Locker] (a lock is one key, named as the lock), its
+// [Semaphore] a [locks.Semaphore] (the N slots of a name are the keys
+// name.1 … name.N), and its [Supervisor] runs putex's pump on one key to
+// start and stop a service on at most one of several nodes; the command
+// natslock (cmd/natslock) wraps it. Leases implement [locks.SlotLease].
+//
+// # Protocol
+//
+// The value of a key is the holder's token: for a Locker, the client's
+// holder id and a random suffix per lease; for a Supervisor, the token its
+// operator gives (the host name). An empty value, a missing key or a
+// deleted key is free. Every write is conditional on the key's revision:
+// a create when the key does not exist, an update at the revision last
+// read otherwise, so of several agents racing only one can win. Timing is
+// putex's:
+//   - R, the renew interval ([WithRenewInterval]): the holder rewrites its
+//     token every R, after its health check ([WithHealthCheck]) passes.
+//   - F, the failure threshold ([WithFailureThreshold]): T = F·R is the
+//     lock timeout. A key held by another token is taken over only after it
+//     has gone T without any write, measured by the waiter on its own
+//     monotonic clock from the moment it saw the last change (a waiter that
+//     just started watches for a full T). Clocks of different machines are
+//     never compared; the only assumption is that they run at about the same
+//     rate.
+//   - C, the confirmation count ([WithConfirmations]): after a takeover, the
+//     new holder rewrites its token for C intervals before the lease is
+//     handed to the caller (or the Supervisor starts the service); a free key
+//     is held at once.
+//
+// A holder's lease ends at once, with [locks.ErrLost], when a write fails
+// or its health check fails (it then blanks the key, one attempt, so that
+// a waiter takes over at once). A holder that cannot renew ends its lease
+// by itself at the start of its last successful write plus T minus a
+// safety margin ([WithSafetyMargin], R/2 by default): a holder cut off
+// from NATS stops before anyone may take over. Release blanks the key,
+// conditioned on the lease's last revision (and, if a renewal whose answer
+// was lost moved the revision, on a fresh read still showing the lease's
+// own token): a stale release never frees a successor.
+//
+// Waiting calls are woken by a KV watch on their key (one per waiting
+// call, stopped when it returns), with the takeover timer firing at T
+// after the last change seen, and polling ([WithBackoff]) only as a
+// fallback.
+//
+// # What it promises
+//
+//   - Linearizable compare-and-set on one key's revision while the JetStream
+//     quorum of the bucket is healthy: two leases on one name are never
+//     granted at once by the broker.
+//   - The fencing token of a lease ([locks.Lease.Token]) is the revision of
+//     the write that won the key. Revisions are stream sequences, strictly
+//     increasing across the whole bucket, so a later holder of a name
+//     always has a greater token. Pass it to the resources you protect.
+//   - A dead holder's key is taken over after about T + C·R of silence
+//     (T = F·R), measured by the successor's own clock, plus up to one
+//     interval of alignment.
+//   - A holder learns it lost its key at its next renewal, within R; one
+//     cut off from NATS stops by itself before T − margin has passed since
+//     its last successful write began.
+//   - What remains: a process paused longer than T (GC, SIGSTOP) still
+//     believes it holds the key until it runs again; its lease's context
+//     then ends at once, but work it does in that instant is only stopped
+//     by fencing tokens. The Supervisor's services run outside the agent:
+//     putex's advice to fence the others when a node starts its service is
+//     what protects them.
+//
+// # Where it differs from putex
+//
+//   - With F = 1, no margin leaves room for a renewal before T; the holder
+//     then stops only when a write fails (see [WithFailureThreshold]). Use F
+//     of 2 or more.
+//   - putex re-runs the kill and start actions on every stroke; the
+//     Supervisor runs [Service.Stop] once when it starts and then on every
+//     change of phase, and [Service.Start] when it becomes active.
+//   - putex may keep a holder's renewal trying for up to F·R; here a renewal
+//     is bounded by the holder's own validity (T minus the margin), so the
+//     service stops before a standby may take over.
+//   - The confirmation wait is C full intervals after the takeover write, as
+//     putex's prose says; its flowchart's "Wait R (C−1 times)" followed by
+//     the rest of a stroke that already lasted T would start at once.
+//   - Reads go to the stream's leader (STREAM.MSG.GET), not to direct gets
+//     any replica may answer: a replica behind the leader would show a key
+//     just released as still held.
+//
+// Nothing depends on per-key TTLs or other features newer than NATS 2.9:
+// the tests run the conformance suite on an embedded current server, an
+// embedded 3-node cluster with an R3 bucket, and the NATS 2.9 server on
+// 127.0.0.1:4222 when one answers.
 package natsputex

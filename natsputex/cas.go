@@ -1,0 +1,258 @@
+package natsputex
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// This file holds the compare-and-set primitives on one key that both the
+// Locker and the Supervisor are built on, and the takeover clock.
+
+// record is what a read of a key found.
+type record struct {
+	rev    uint64 // revision of the last write (0 if the key never existed)
+	holder string // the token in the key, "" when free
+	exists bool   // false when the key is missing or deleted
+}
+
+// free reports whether the key may be written at once: missing, deleted or
+// blank.
+func (r record) free() bool { return r.holder == "" }
+
+// store runs the protocol's reads and writes on one bucket.
+type store struct {
+	kv     jetstream.KeyValue
+	nc     *nats.Conn
+	get    string // the stream's message-get API subject
+	prefix string // the subject prefix of the bucket's keys
+}
+
+func newStore(js jetstream.JetStream, kv jetstream.KeyValue) store {
+	o := js.Options()
+	api := "$JS.API."
+	switch {
+	case o.Domain != "":
+		api = "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		api = strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return store{
+		kv:     kv,
+		nc:     js.Conn(),
+		get:    api + "STREAM.MSG.GET.KV_" + kv.Bucket(),
+		prefix: "$KV." + kv.Bucket() + ".",
+	}
+}
+
+// read returns the key's current record, as the stream's leader has it.
+//
+// It does not use [jetstream.KeyValue.Get]: KV buckets allow direct gets,
+// which any replica may answer, possibly before it has the latest write,
+// so a client could see a key it just saw released as still held. A stale
+// read would never break safety (every write is conditional) but it would
+// make TryLock fail on a free key.
+func (s store) read(ctx context.Context, key string) (record, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	req, _ := json.Marshal(struct {
+		LastBySubj string `json:"last_by_subj"`
+	}{s.prefix + key})
+	m, err := s.nc.RequestWithContext(ctx, s.get, req)
+	if err != nil {
+		return record{}, err
+	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Hdrs []byte `json:"hdrs"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return record{}, fmt.Errorf("reading key %q: bad answer: %w", key, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == jsNoMessageFound:
+		return record{}, nil
+	case resp.Error != nil:
+		return record{}, fmt.Errorf("reading key %q: %s (code %d, error code %d)", key, resp.Error.Description, resp.Error.Code, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return record{}, fmt.Errorf("reading key %q: empty answer", key)
+	}
+	r := record{rev: resp.Message.Seq, holder: string(resp.Message.Data), exists: true}
+	if len(resp.Message.Hdrs) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		if err != nil {
+			return record{}, fmt.Errorf("reading key %q: %w", key, err)
+		}
+		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			// A deleted key: free, and written over by a create.
+			return record{rev: r.rev}, nil
+		}
+	}
+	return r, nil
+}
+
+// jsNoMessageFound is JetStream's error code for a message get that finds
+// nothing.
+const jsNoMessageFound = 10037
+
+// claim writes token over what r describes, only if the key has not been
+// written since: create when it does not exist, update at r.rev when it
+// does. A conflict gives an error for which isConflict is true.
+func (s store) claim(ctx context.Context, key, token string, r record) (uint64, error) {
+	return retryBusy(ctx, func() (uint64, error) {
+		if !r.exists {
+			// Create also handles a deleted key, re-reading its delete marker.
+			return s.kv.Create(ctx, key, []byte(token))
+		}
+		return s.kv.Update(ctx, key, []byte(token), r.rev)
+	})
+}
+
+// renew rewrites token at rev, the revision of the holder's last write.
+func (s store) renew(ctx context.Context, key, token string, rev uint64) (uint64, error) {
+	return retryBusy(ctx, func() (uint64, error) { return s.kv.Update(ctx, key, []byte(token), rev) })
+}
+
+// clear blanks the key if it still holds token: first at rev (the holder's
+// last write), then, if another write intervened (a renewal whose answer
+// was lost), at the revision of a fresh read when that read still shows
+// token. It returns the blank's revision, or 0 when the key was no longer
+// the holder's: a stale clear never frees a successor.
+func (s store) clear(ctx context.Context, key, token string, rev uint64) (uint64, error) {
+	for range 3 {
+		nrev, err := retryBusy(ctx, func() (uint64, error) { return s.kv.Update(ctx, key, nil, rev) })
+		if err == nil {
+			return nrev, nil
+		}
+		if !isConflict(err) {
+			return 0, err
+		}
+		r, err := s.read(ctx, key)
+		if err != nil {
+			return 0, err
+		}
+		if r.holder != token {
+			return 0, nil
+		}
+		rev = r.rev
+	}
+	return 0, fmt.Errorf("key %q keeps changing under its holder", key)
+}
+
+// isConflict reports whether err is JetStream refusing a write because the
+// key's last revision was not the one expected: the key was written by
+// someone else. Single-node streams report code 10071, replicated ones
+// 10164; nats.go maps them to ErrKeyExists or ErrKeyRevisionMismatch
+// depending on the call.
+func isConflict(err error) bool {
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) &&
+		(apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// retryBusy runs the write cas, again after a short pause while a
+// replicated stream answers that another write of the key is still being
+// replicated (code 10164): that write may be a real rival, which the next
+// attempt then meets as a plain conflict (10071), or the previous write of
+// the same holder whose bookkeeping lags its acknowledgement.
+func retryBusy(ctx context.Context, cas func() (uint64, error)) (uint64, error) {
+	pause := time.Millisecond
+	for attempt := 0; ; attempt++ {
+		rev, err := cas()
+		var apiErr *jetstream.APIError
+		if err == nil || attempt == 4 || !errors.As(err, &apiErr) ||
+			apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant {
+			return rev, err
+		}
+		if sleepCtx(ctx, pause) != nil {
+			return rev, err
+		}
+		pause *= 3
+	}
+}
+
+// silence is the takeover clock of one key, kept by a waiter on its own
+// monotonic clock: the last revision it saw and when it first saw it.
+// Clocks of other machines are never consulted.
+type silence struct {
+	rev   uint64
+	since time.Time
+}
+
+// see records that rev was observed now, restarting the clock if rev is
+// newer than anything seen. Older revisions (a stale read from a replica)
+// are ignored.
+func (s *silence) see(rev uint64, now time.Time) {
+	if s.since.IsZero() || rev > s.rev {
+		s.rev, s.since = rev, now
+	}
+}
+
+// quiet returns how long the key has been seen unchanged at rev, or 0 if
+// rev is not the revision the clock runs for.
+func (s *silence) quiet(rev uint64, now time.Time) time.Duration {
+	if s.since.IsZero() || rev != s.rev {
+		return 0
+	}
+	return now.Sub(s.since)
+}
+
+// clocks are the takeover clocks of one waiting call, one per key, shared
+// between the call and its watch. It is safe for concurrent use.
+type clocks struct {
+	mu sync.Mutex
+	s  []silence
+}
+
+func newClocks(n int) *clocks { return &clocks{s: make([]silence, n)} }
+
+// see records rev on key i and returns how long it has been quiet since.
+func (c *clocks) see(i int, rev uint64) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	c.s[i].see(rev, now)
+	return c.s[i].quiet(rev, now)
+}
+
+// last returns the last revision seen on key i and how long ago it was
+// first seen.
+func (c *clocks) last(i int) (uint64, time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.s[i].rev, c.s[i].quiet(c.s[i].rev, time.Now())
+}
+
+// sleepCtx waits for d or until ctx ends, and returns ctx's error then.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,234 @@
+package natsputex
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// keyMaxLen bounds key names: a key becomes part of a NATS subject
+// ($KV.<bucket>.<key>), and semaphore slots add a suffix.
+const keyMaxLen = 512
+
+// keys is the NATS KV key rule: letters, digits and -/_=. ; no empty
+// dot-separated token, so no leading, trailing or double dot.
+var keys = locks.NameRule{
+	What:   "NATS KV key",
+	MaxLen: keyMaxLen,
+	Char: func(c rune) bool {
+		return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-/_=.", c)
+	},
+	Extra: func(s string) error {
+		if s[0] == '.' || s[len(s)-1] == '.' || strings.Contains(s, "..") {
+			return errors.New("must not begin or end with '.' nor contain '..'")
+		}
+		return nil
+	},
+}
+
+// buckets is the NATS KV bucket name rule.
+var buckets = locks.NameRule{
+	What:   "NATS KV bucket",
+	MaxLen: 255,
+	Char: func(c rune) bool {
+		return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_'
+	},
+}
+
+// Client holds locks on one JetStream KV bucket. Its [Locker], its
+// [Semaphore]s and its [Supervisor]s share its options, and their leases
+// end when it is closed.
+//
+// A Client is safe for concurrent use. It does not own the NATS
+// connection: close the connection after the Client.
+type Client struct {
+	st     store
+	bucket string
+	o      options
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	leases map[*lease]struct{}
+	blank  map[string]uint64 // keys this client left blank, at revision
+}
+
+// New returns a Client on bucket, creating the bucket if it does not exist
+// (with [WithReplicas] and [WithStorage]; an existing bucket is used as it
+// is). The bucket name and every option are checked before any I/O: a
+// bad bucket name gives an error matching [locks.ErrInvalidName], a bad
+// option one matching [locks.ErrInvalidOption]. When ctx ends before the
+// bucket is ready, New returns an error matching ctx.Err().
+//
+// New only uses features of NATS 2.9 and later: no per-key TTL.
+func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Option) (*Client, error) {
+	o := defaults()
+	if err := locks.Apply(&o, opts); err != nil {
+		return nil, fmt.Errorf("natsputex: %w", err)
+	}
+	if o.margin == 0 {
+		o.margin = o.renew / 2
+	}
+	if o.margin >= o.ttl() {
+		return nil, fmt.Errorf("natsputex: %w", locks.InvalidOption("safety margin %v must be shorter than T = F·R = %v", o.margin, o.ttl()))
+	}
+	if o.holderID == "" {
+		host, _ := os.Hostname()
+		o.holderID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if err := buckets.Check(bucket); err != nil {
+		return nil, fmt.Errorf("natsputex: %w", err)
+	}
+	if js == nil {
+		return nil, fmt.Errorf("natsputex: %w", locks.InvalidOption("nil JetStream"))
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      bucket,
+			Description: "latchkey natsputex locks",
+			History:     1,
+			Storage:     o.storage,
+			Replicas:    o.replicas,
+		})
+	}
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			err = fmt.Errorf("%w: %w", cerr, err)
+		}
+		return nil, fmt.Errorf("natsputex: bucket %q: %w", bucket, err)
+	}
+	cctx, cancel := context.WithCancel(context.Background())
+	return &Client{
+		st:     newStore(js, kv),
+		bucket: bucket,
+		o:      o,
+		ctx:    cctx,
+		cancel: cancel,
+		leases: make(map[*lease]struct{}),
+		blank:  make(map[string]uint64),
+	}, nil
+}
+
+// Bucket returns the name of the client's bucket.
+func (c *Client) Bucket() string { return c.bucket }
+
+// HolderID returns the identity the client writes in the keys it holds,
+// before each lease's random suffix (see [WithHolderID]).
+func (c *Client) HolderID() string { return c.o.holderID }
+
+// TTL returns T = F·R: how long a key must go without any write before a
+// waiter takes it over.
+func (c *Client) TTL() time.Duration { return c.o.ttl() }
+
+// Close releases every lease the client holds (blanking their keys), makes
+// waiting calls return and later calls fail with an error matching
+// [locks.ErrClosed]. It does not close the NATS connection. Close is
+// idempotent; it returns the errors of the releases, if any.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.ctx.Err() != nil {
+		c.mu.Unlock()
+		return nil
+	}
+	c.cancel()
+	held := make([]*lease, 0, len(c.leases))
+	for l := range c.leases {
+		held = append(held, l)
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var errs []error
+	for _, l := range held {
+		if err := l.Release(ctx); err != nil && !errors.Is(err, locks.ErrLost) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// closedErr is the error of a call on a closed client.
+func (c *Client) closedErr(what string) error {
+	return fmt.Errorf("natsputex: %s: %w", what, locks.ErrClosed)
+}
+
+// bind returns ctx, also cancelled when the client closes.
+func (c *Client) bind(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(c.ctx, func() { cancel(locks.ErrClosed) })
+	return ctx, func() { stop(); cancel(nil) }
+}
+
+// newToken returns a value unique to one lease: the holder id and 8
+// random bytes.
+func (c *Client) newToken() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return c.o.holderID + "/" + hex.EncodeToString(b[:])
+}
+
+// knownBlank returns the revision at which this client left key blank, if
+// it did last, and forgets it (the next write makes it stale either way).
+func (c *Client) knownBlank(key string) (uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rev, ok := c.blank[key]
+	delete(c.blank, key)
+	return rev, ok
+}
+
+func (c *Client) rememberBlank(key string, rev uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.blank) >= 1024 {
+		clear(c.blank)
+	}
+	c.blank[key] = rev
+}
+
+// opContext bounds one request to the broker: a request whose answer is
+// lost (a stream leader dying) must not hang a call for its whole context.
+func (c *Client) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, max(c.o.ttl(), time.Second))
+}
+
+// healthCheck runs the client's health check, if any, bounded by T.
+func (c *Client) healthCheck(ctx context.Context, s State) error {
+	if c.o.health == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.o.ttl())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				errc <- fmt.Errorf("health check panicked: %v", p)
+			}
+		}()
+		errc <- c.o.health(ctx, s)
+	}()
+	select {
+	case err := <-errc:
+		if err != nil {
+			return fmt.Errorf("health check (%s): %w", s, err)
+		}
+		return nil
+	case <-ctx.Done():
+		// A check that ignores its context is abandoned, not waited for:
+		// the lease must end in time regardless.
+		return fmt.Errorf("health check (%s): %w", s, context.Cause(ctx))
+	}
+}

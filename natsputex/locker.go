@@ -1,0 +1,447 @@
+package natsputex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// Locker is a [locks.Locker] on a [Client]'s bucket: a lock is one key,
+// named as the lock.
+//
+// A Locker is safe for concurrent use; one Locker may hold many names.
+type Locker struct{ c *Client }
+
+var _ locks.Locker = (*Locker)(nil)
+
+// Locker returns the client's Locker.
+func (c *Client) Locker() *Locker { return &Locker{c} }
+
+// Lock blocks until it holds the key name, and returns the lease; see
+// [locks.Locker.Lock]. A free key (missing or blank) is taken at once; a
+// key held by another token is taken over only after it has gone T = F·R
+// without any write, as seen by this call from its start, and then handed
+// over after C more renewal intervals. The wait is woken by a KV watch on
+// the key.
+//
+// On failure Lock returns an error and holds nothing; when ctx ends first,
+// the error matches ctx.Err(). An invalid key name gives an error matching
+// [locks.ErrInvalidName] before any I/O.
+func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
+	if err := keys.Check(name); err != nil {
+		return nil, fmt.Errorf("natsputex: lock: %w", err)
+	}
+	return l.c.acquire(ctx, name, []string{name}, true)
+}
+
+// TryLock takes the key name if it is free (missing or blank), and returns
+// an error matching [locks.ErrNotAcquired] at once otherwise: a
+// [*locks.HeldError] naming the holder's token. A call that has not watched
+// a key for T never takes it over, so TryLock never takes a key from a
+// live-looking holder.
+func (l *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
+	if err := keys.Check(name); err != nil {
+		return nil, fmt.Errorf("natsputex: lock: %w", err)
+	}
+	return l.c.acquire(ctx, name, []string{name}, false)
+}
+
+// Semaphore is a [locks.Semaphore] on a [Client]'s bucket: the N slots of a
+// name are the keys name.1 … name.N, each held by the rules of a lock.
+// (So a lock named "jobs.1" is slot 1 of the semaphore "jobs".) Its leases
+// implement [locks.SlotLease].
+//
+// A Semaphore is safe for concurrent use.
+type Semaphore struct {
+	c    *Client
+	size int
+}
+
+var _ locks.Semaphore = (*Semaphore)(nil)
+
+// Semaphore returns a Semaphore with size slots per name. A size below 1
+// returns an error matching [locks.ErrInvalidOption]. Semaphores of
+// different sizes may share a name: each uses only the first size slots.
+func (c *Client) Semaphore(size int) (*Semaphore, error) {
+	if size < 1 {
+		return nil, fmt.Errorf("natsputex: %w", locks.InvalidOption("semaphore size must be >= 1, got %d", size))
+	}
+	return &Semaphore{c: c, size: size}, nil
+}
+
+// Acquire blocks until it holds a slot of name; see
+// [locks.Semaphore.Acquire] and [Locker.Lock] for the rules of each slot.
+func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, error) {
+	ks, err := s.slots(name)
+	if err != nil {
+		return nil, err
+	}
+	return s.c.acquire(ctx, name, ks, true)
+}
+
+// TryAcquire takes a free slot of name if there is one, and returns an
+// error matching [locks.ErrNotAcquired] at once otherwise; see
+// [Locker.TryLock].
+func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, error) {
+	ks, err := s.slots(name)
+	if err != nil {
+		return nil, err
+	}
+	return s.c.acquire(ctx, name, ks, false)
+}
+
+func (s *Semaphore) slots(name string) ([]string, error) {
+	if err := keys.Check(name); err != nil {
+		return nil, fmt.Errorf("natsputex: acquire: %w", err)
+	}
+	if len(name) > keyMaxLen-12 {
+		return nil, fmt.Errorf("natsputex: acquire: %w %q: too long for slot keys", locks.ErrInvalidName, name)
+	}
+	ks := make([]string, s.size)
+	for i := range ks {
+		ks[i] = name + "." + strconv.Itoa(i+1)
+	}
+	return ks, nil
+}
+
+// acquire takes one of ks (a lock's key, or a semaphore's slot keys) for
+// name, waiting if wait is set.
+func (c *Client) acquire(ctx context.Context, name string, ks []string, wait bool) (locks.Lease, error) {
+	if c.ctx.Err() != nil {
+		return nil, c.closedErr(fmt.Sprintf("%q", name))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("natsputex: %q: %w", name, err)
+	}
+	bctx, stop := c.bind(ctx)
+	defer stop()
+	cl := newClocks(len(ks))
+	try := func(ctx context.Context) (locks.Lease, error) {
+		lease, err := c.tryKeys(ctx, name, ks, cl)
+		if err != nil && wait && ctx.Err() == nil && transient(err) {
+			// A broker between leaders: keep waiting, as for a held key.
+			return nil, &locks.HeldError{Name: name, RetryAfter: c.o.renew, Err: err}
+		}
+		return lease, err
+	}
+	lease, err := try(bctx)
+	if err != nil && wait && errors.Is(err, locks.ErrNotAcquired) {
+		var w *watch
+		if w, err = c.watch(bctx, name, ks, cl); err == nil {
+			defer w.stop()
+			lease, err = locks.Wait(bctx, w.wake, c.o.backoff, try)
+		} else if bctx.Err() == nil {
+			// No watch (a broker refusing consumers): poll.
+			lease, err = locks.Wait(bctx, nil, c.o.backoff, try)
+		}
+	}
+	if err == nil {
+		return lease, nil
+	}
+	switch {
+	case ctx.Err() != nil:
+		if !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("natsputex: %q: %w", name, ctx.Err())
+		}
+	case c.ctx.Err() != nil:
+		err = c.closedErr(fmt.Sprintf("%q", name))
+	}
+	return nil, err
+}
+
+// tryKeys makes one attempt on each of ks, in an order starting at a
+// random key, and returns the first lease won. When none is, it returns a
+// HeldError with the soonest moment a takeover may become possible.
+func (c *Client) tryKeys(ctx context.Context, name string, ks []string, cl *clocks) (locks.Lease, error) {
+	first := 0
+	if len(ks) > 1 {
+		first = rand.IntN(len(ks))
+	}
+	var soonest *locks.HeldError
+	for n := range ks {
+		i := (first + n) % len(ks)
+		lease, err := c.tryKey(ctx, name, ks[i], i, len(ks) > 1, cl)
+		if err == nil {
+			return lease, nil
+		}
+		var held *locks.HeldError
+		if !errors.As(err, &held) {
+			return nil, err
+		}
+		if soonest == nil || held.RetryAfter < soonest.RetryAfter {
+			soonest = held
+		}
+	}
+	return nil, soonest
+}
+
+// tryKey makes one attempt at key, slot i of ks.
+func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bool, cl *clocks) (*lease, error) {
+	slot := 0
+	if slotted {
+		slot = i + 1
+	}
+	token := c.newToken()
+	if rev, ok := c.knownBlank(key); ok {
+		// This client blanked the key last: try to write over that blank
+		// directly, one round trip; a conflict means someone wrote since.
+		start := time.Now()
+		octx, cancel := c.opContext(ctx)
+		nrev, err := c.st.renew(octx, key, token, rev)
+		cancel()
+		if err == nil {
+			return c.hold(ctx, name, key, slot, token, nrev, nrev, start)
+		}
+		if !isConflict(err) {
+			return nil, fmt.Errorf("natsputex: %q: %w", name, err)
+		}
+	}
+	octx, cancel := c.opContext(ctx)
+	r, err := c.st.read(octx, key)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("natsputex: %q: read %q: %w", name, key, err)
+	}
+	quiet := cl.see(i, r.rev)
+	held := func(retry time.Duration, err error) *locks.HeldError {
+		return &locks.HeldError{Name: name, Holder: r.holder, RetryAfter: retry, Err: err}
+	}
+	if r.free() {
+		start := time.Now()
+		octx, cancel := c.opContext(ctx)
+		rev, err := c.st.claim(octx, key, token, r)
+		cancel()
+		switch {
+		case isConflict(err):
+			return nil, held(0, err)
+		case err != nil:
+			return nil, fmt.Errorf("natsputex: %q: write %q: %w", name, key, err)
+		}
+		return c.hold(ctx, name, key, slot, token, rev, rev, start)
+	}
+	T := c.o.ttl()
+	if quiet < T {
+		return nil, held(T-quiet, nil)
+	}
+	// The key has gone T without a write, by this call's own clock: the
+	// holder is presumed dead. Take it over, then confirm for C intervals.
+	if err := c.healthCheck(ctx, Standby); err != nil {
+		return nil, held(c.o.renew, err)
+	}
+	start := time.Now()
+	octx, cancel = c.opContext(ctx)
+	won, err := c.st.claim(octx, key, token, r)
+	cancel()
+	switch {
+	case isConflict(err):
+		return nil, held(0, err)
+	case err != nil:
+		return nil, fmt.Errorf("natsputex: %q: take over %q: %w", name, key, err)
+	}
+	rev := won
+	for range c.o.confirm {
+		if err = sleepCtx(ctx, c.o.renew); err != nil {
+			break
+		}
+		start = time.Now()
+		var nrev uint64
+		octx, cancel := c.opContext(ctx)
+		nrev, err = c.st.renew(octx, key, token, rev)
+		cancel()
+		if err != nil {
+			break
+		}
+		rev = nrev
+	}
+	if err != nil {
+		c.abandon(key, token, rev)
+		if isConflict(err) {
+			return nil, held(0, fmt.Errorf("lost the key while confirming the takeover: %w", err))
+		}
+		return nil, fmt.Errorf("natsputex: %q: confirm takeover of %q: %w", name, key, err)
+	}
+	return c.hold(ctx, name, key, slot, token, won, rev, start)
+}
+
+// abandon blanks key if it still holds token, with a context of its own:
+// the call that wrote it is failing, maybe because its context ended.
+func (c *Client) abandon(key, token string, rev uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.o.ttl())
+	defer cancel()
+	if nrev, err := c.st.clear(ctx, key, token, rev); err == nil && nrev > 0 {
+		c.rememberBlank(key, nrev)
+	}
+}
+
+// lease is a held key.
+type lease struct {
+	*locks.BaseLease
+	c     *Client
+	key   string
+	token string
+
+	mu  sync.Mutex
+	rev uint64 // revision of the last successful write
+}
+
+// hold makes the lease for key, won at revision won (the fencing token)
+// and last written at rev by a write that started at start.
+func (c *Client) hold(ctx context.Context, name, key string, slot int, token string, won, rev uint64, start time.Time) (*lease, error) {
+	l := &lease{c: c, key: key, token: token, rev: rev}
+	valid, _ := c.o.validity()
+	l.BaseLease = locks.NewBaseLease(ctx, locks.LeaseSpec{
+		Name:     name,
+		Token:    won,
+		Slot:     slot,
+		Deadline: start.Add(valid),
+		Release:  l.release,
+	})
+	c.mu.Lock()
+	if c.ctx.Err() != nil {
+		c.mu.Unlock()
+		l.End(locks.Lost(locks.ErrClosed))
+		_ = l.Release(context.WithoutCancel(ctx))
+		return nil, c.closedErr(fmt.Sprintf("%q", name))
+	}
+	c.leases[l] = struct{}{}
+	c.mu.Unlock()
+	context.AfterFunc(l.Context(), func() {
+		c.mu.Lock()
+		delete(c.leases, l)
+		c.mu.Unlock()
+	})
+	if !l.Live() { // the write took longer than the validity
+		_ = l.Release(context.WithoutCancel(ctx))
+		return nil, &locks.HeldError{Name: name, Err: errors.New("natsputex: the winning write took longer than the lease's validity")}
+	}
+	l.KeepAlive(c.o.renew, l.renew)
+	return l, nil
+}
+
+// renew runs the health check, then rewrites the token at the last
+// revision. Any failure ends the lease at once: the health check's after
+// one attempt to blank the key, so that a waiter takes over at once.
+func (l *lease) renew(ctx context.Context) (time.Time, error) {
+	c := l.c
+	if err := c.healthCheck(ctx, Active); err != nil {
+		l.mu.Lock()
+		rev := l.rev
+		l.mu.Unlock()
+		c.abandon(l.key, l.token, rev)
+		return time.Time{}, locks.Lost(fmt.Errorf("natsputex: %q: %w", l.Name(), err))
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.o.ttl())
+	defer cancel()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	start := time.Now()
+	rev, err := c.st.renew(ctx, l.key, l.token, l.rev)
+	if err != nil {
+		why := "renewal failed"
+		if isConflict(err) {
+			why = "the key was written by someone else"
+		}
+		return time.Time{}, locks.Lost(fmt.Errorf("natsputex: %q: %s (key %q, revision %d): %w", l.Name(), why, l.key, l.rev, err))
+	}
+	l.rev = rev
+	valid, _ := c.o.validity()
+	return start.Add(valid), nil
+}
+
+// release blanks the key if it is still this lease's.
+func (l *lease) release(ctx context.Context) error {
+	l.mu.Lock()
+	rev := l.rev
+	l.mu.Unlock()
+	ctx, cancel := l.c.opContext(ctx)
+	defer cancel()
+	nrev, err := l.c.st.clear(ctx, l.key, l.token, rev)
+	if err != nil {
+		return fmt.Errorf("natsputex: blank %q: %w", l.key, err)
+	}
+	if nrev > 0 {
+		l.c.rememberBlank(l.key, nrev)
+	}
+	return nil
+}
+
+// watch wakes a waiting call when one of its keys becomes free, and
+// restarts the takeover clocks on every write it sees.
+type watch struct {
+	kw     jetstream.KeyWatcher
+	cancel context.CancelFunc
+	wake   chan struct{}
+	done   chan struct{}
+}
+
+func (c *Client) watch(ctx context.Context, name string, ks []string, cl *clocks) (*watch, error) {
+	pattern := ks[0]
+	if len(ks) > 1 {
+		pattern = name + ".*" // one filter: NATS 2.9 has no multi-filter consumers
+	}
+	// The watch is a consumer on the server, and nats.go ends it when the
+	// context it was made with ends. So its context is its own, not ctx:
+	// a ctx ending in the middle of the creation would leave a consumer
+	// this call never learns of. stop ends it.
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	kw, err := c.st.kv.Watch(wctx, pattern)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("natsputex: %q: watch: %w", name, err)
+	}
+	w := &watch{kw: kw, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	index := make(map[string]int, len(ks))
+	for i, k := range ks {
+		index[k] = i
+	}
+	go func() {
+		defer close(w.done)
+		// Drain until the watcher closes its channel (after Stop or when
+		// the connection closes): its callback blocks on a full channel.
+		for e := range kw.Updates() {
+			if e == nil {
+				continue
+			}
+			i, ok := index[e.Key()]
+			if !ok {
+				continue
+			}
+			cl.see(i, e.Revision())
+			if e.Operation() != jetstream.KeyValuePut || len(e.Value()) == 0 {
+				select {
+				case w.wake <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return w, nil
+}
+
+func (w *watch) stop() {
+	_ = w.kw.Stop()
+	w.cancel()
+	select {
+	case <-w.done:
+	case <-time.After(5 * time.Second):
+	}
+}
+
+// transient reports whether err is the broker being briefly unable to
+// answer (a stream electing a leader, a request timing out), which a
+// waiting Lock or Acquire rides out.
+func transient(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.As(err, &apiErr) && apiErr.Code == 503
+}

@@ -1,0 +1,181 @@
+package natsputex_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
+	"github.com/latchkey-go/latchkey/natsputex"
+)
+
+// buildNatslock builds cmd/natslock into a temporary directory.
+func buildNatslock(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "natslock")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/natslock")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/natslock: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// lockProc is a natslock child process whose start and stop commands
+// append to a file.
+type lockProc struct {
+	name  string
+	cmd   *exec.Cmd
+	state string // file the start and stop commands append to
+	mu    sync.Mutex
+	log   bytes.Buffer
+	done  chan struct{}
+}
+
+func (p *lockProc) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.Write(b)
+}
+
+func (p *lockProc) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// lastState returns the last line the service commands wrote: "start",
+// "stop" or "".
+func (p *lockProc) lastState() string {
+	b, _ := os.ReadFile(p.state)
+	lines := strings.Fields(string(b))
+	if len(lines) == 0 {
+		return ""
+	}
+	return lines[len(lines)-1]
+}
+
+func startNatslock(t *testing.T, bin, url, bucket, key, name string) *lockProc {
+	t.Helper()
+	dir := t.TempDir()
+	p := &lockProc{name: name, state: filepath.Join(dir, "state"), done: make(chan struct{})}
+	p.cmd = exec.Command(bin,
+		"-r", testR.String(), "-f", "3", "-c", "1",
+		"-healthcheck", "true",
+		"-start", "echo start >> "+p.state,
+		"-stop", "echo stop >> "+p.state,
+		url, bucket, key, name)
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s's log:\n%s", name, p.logs())
+		}
+	})
+	return p
+}
+
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > within {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestNatslockPaused: an active natslock paused with SIGSTOP for longer
+// than T is replaced by the other; resumed, it stops its service at once
+// (its hold ran out, and its next write fails). SIGTERM stops the service
+// and blanks the key.
+func TestNatslockPaused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs natslock")
+	}
+	bin := buildNatslock(t)
+	url := natsenv.StartServer(t).URL()
+	bucket, key := uniqueBucket("natslock"), "spof-service"
+	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
+
+	a := startNatslock(t, bin, url, bucket, key, "node-a")
+	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return a.lastState() == "start" })
+	b := startNatslock(t, bin, url, bucket, key, "node-b")
+	waitFor(t, 10*time.Second, "node-b is standby", func() bool { return strings.Contains(b.logs(), "standby: the key is held") })
+
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	took := waitFor(t, handoverBound+time.Second, "node-b takes over from the paused node-a", func() bool { return b.lastState() == "start" })
+	t.Logf("node-b started %v after node-a was paused", took.Round(time.Millisecond))
+	if took < testF*testR {
+		t.Errorf("node-b started %v after node-a was paused, before T = %v", took, testF*testR)
+	}
+	if a.lastState() != "start" {
+		t.Fatalf("the paused node-a changed its service state: %q", a.lastState())
+	}
+	time.Sleep(time.Until(paused.Add(testF*testR + 500*time.Millisecond)))
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stoppedIn := waitFor(t, testR+time.Second, "the resumed node-a stops its service", func() bool { return a.lastState() == "stop" })
+	t.Logf("node-a stopped its service %v after it was resumed", stoppedIn.Round(time.Millisecond))
+	waitFor(t, 2*time.Second, "node-a logs the loss", func() bool {
+		l := a.logs()
+		return strings.Contains(l, "no successful write") || strings.Contains(l, "write failed") || strings.Contains(l, "another token")
+	})
+	if b.lastState() != "start" {
+		t.Errorf("node-b's service state after node-a resumed: %q, want start", b.lastState())
+	}
+
+	// SIGTERM: node-b stops its service and blanks the key; node-a takes
+	// over at once.
+	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	<-b.done
+	if b.lastState() != "stop" {
+		t.Errorf("node-b's service state after SIGTERM: %q, want stop", b.lastState())
+	}
+	waitFor(t, 2*time.Second, "node-a takes the blanked key", func() bool { return a.lastState() == "start" })
+	for _, line := range strings.Split(strings.TrimSpace(a.logs()), "\n") {
+		if !strings.Contains(line, "natslock: key=") {
+			t.Errorf("node-a logged a line not in the one-line format: %q", line)
+		}
+	}
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	<-a.done
+	nc, js, err := connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	kv, err := js.KeyValue(context.Background(), bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(context.Background(), key)
+	if err != nil || len(e.Value()) != 0 {
+		t.Errorf("after SIGTERM of the last agent the key should be blank: %v %v", e, err)
+	}
+}

@@ -1,0 +1,533 @@
+package natsputex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// Phase is where a [Supervisor] stands.
+type Phase int
+
+const (
+	// PhaseStandby: the agent does not hold the key; its service is
+	// stopped.
+	PhaseStandby Phase = iota
+	// PhaseConfirming: the agent took the key over from another holder
+	// and rewrites its token for C intervals before it starts the service.
+	PhaseConfirming
+	// PhaseActive: the agent holds the key and its service runs.
+	PhaseActive
+	// PhaseStopped: Run has returned.
+	PhaseStopped
+)
+
+// String returns the phase's name: "standby", "confirming", "active" or
+// "stopped".
+func (p Phase) String() string {
+	switch p {
+	case PhaseStandby:
+		return "standby"
+	case PhaseConfirming:
+		return "confirming"
+	case PhaseActive:
+		return "active"
+	case PhaseStopped:
+		return "stopped"
+	}
+	return fmt.Sprintf("Phase(%d)", int(p))
+}
+
+// Event is one thing a [Supervisor] did or saw: a phase change, a new
+// holder in the key, or a failure.
+type Event struct {
+	Time     time.Time
+	Phase    Phase  // the phase after the event
+	Holder   string // the token in the key, when it was read; "" when free
+	Revision uint64 // the key's revision, when known
+	Msg      string
+	Err      error
+}
+
+// String formats the event as one log line.
+func (e Event) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "phase=%s msg=%q", e.Phase, e.Msg)
+	if e.Holder != "" {
+		fmt.Fprintf(&b, " holder=%q", e.Holder)
+	}
+	if e.Revision != 0 {
+		fmt.Fprintf(&b, " revision=%d", e.Revision)
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, " err=%q", e.Err.Error())
+	}
+	return b.String()
+}
+
+// Service is what a [Supervisor] drives. Every field may be nil.
+type Service struct {
+	// Start unfences this node, fences the others and starts the service.
+	// It is called when the agent becomes active. Its context ends when
+	// the agent's hold would run out. An error counts as a failed health
+	// check: the agent blanks the key, stops and goes back to standby.
+	Start func(ctx context.Context) error
+
+	// Stop kills (or fences) the service on this node. It is called once
+	// when Run begins, whenever the agent stops being active, and when Run
+	// returns. Its context ends after T.
+	Stop func(ctx context.Context) error
+
+	// Observe is told every [Event], in order, from the goroutine running
+	// the pump or the expiry timer. It must not block.
+	Observe func(Event)
+}
+
+// Supervisor runs putex's pump on one key: an agent among several, each
+// with its own token, of which at most one runs the service at a time.
+// Make it with [Client.Supervisor]; it uses the client's R, F, C, safety
+// margin and health check.
+//
+// Each pump stroke lasts at least R. An agent whose key is free (missing
+// or blank) or holds its own token runs its health check (told [Active]),
+// rewrites the key at the revision it read, and starts the service. An
+// agent that finds another token stops its service, runs its health check
+// (told [Standby]) and waits until the key has gone T = F·R without any
+// write, by its own clock, then writes its token at the revision it read
+// (so only one waiter can win) and rewrites it for C intervals before its
+// next stroke starts the service. A failed write or health check, or
+// another token in the key, stops the service at once, and the key is
+// blanked (one attempt) after a failed health check. An active agent
+// that has not renewed for T minus the safety margin stops its service by
+// itself, before any other agent may take over.
+//
+// A Supervisor's methods are safe for concurrent use; Run runs once at a
+// time.
+type Supervisor struct {
+	c     *Client
+	key   string
+	token string
+	svc   Service
+
+	running atomic.Bool
+
+	mu       sync.Mutex
+	phase    Phase
+	lastRev  uint64    // revision of our last successful write
+	deadline time.Time // when our hold runs out without a renewal
+	timer    *time.Timer
+	done     bool
+	holder   string // last holder reported to Observe
+
+	svcMu sync.Mutex // serialises Start and Stop
+	up    bool       // the service may be running
+}
+
+// Supervisor returns a Supervisor of key for an agent whose token is
+// token (putex suggests the host name: it is the key's value while the
+// agent holds it, documenting who runs the service). Agents on one key
+// must have distinct tokens. Invalid key names give an error matching
+// [locks.ErrInvalidName]; an empty or unprintable token one matching
+// [locks.ErrInvalidOption]. No I/O happens until [Supervisor.Run].
+func (c *Client) Supervisor(key, token string, svc Service) (*Supervisor, error) {
+	if err := keys.Check(key); err != nil {
+		return nil, fmt.Errorf("natsputex: supervisor: %w", err)
+	}
+	if err := (locks.NameRule{What: "token", MaxLen: 1024}).Check(token); err != nil {
+		return nil, fmt.Errorf("natsputex: supervisor: %w", locks.InvalidOption("%v", err))
+	}
+	return &Supervisor{c: c, key: key, token: token, svc: svc}, nil
+}
+
+// Phase returns the supervisor's current phase.
+func (s *Supervisor) Phase() Phase {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.phase
+}
+
+// Run pumps until ctx ends or the client closes. Then it stops the
+// service, blanks the key if the agent holds it (so another agent takes
+// over at once) and returns an error matching ctx.Err() (or
+// [locks.ErrClosed]), joined with the errors of that last stop and
+// release if any. Calling Run while it runs returns an error at once.
+func (s *Supervisor) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("natsputex: supervisor %q: already running", s.key)
+	}
+	defer s.running.Store(false)
+	if s.c.ctx.Err() != nil {
+		return s.c.closedErr("supervisor " + s.key)
+	}
+	s.mu.Lock()
+	s.phase, s.done, s.holder, s.lastRev = PhaseStandby, false, "", 0
+	s.mu.Unlock()
+
+	bctx, stop := s.c.bind(ctx)
+	defer stop()
+	cl := newClocks(1)
+	w, err := s.c.watch(bctx, s.key, []string{s.key}, cl)
+	if err != nil {
+		s.event(PhaseStandby, "no watch on the key; polling", err)
+	} else {
+		defer w.stop()
+	}
+	s.event(PhaseStandby, "starting: stopping the service", s.stopService(bctx, true))
+	R := s.c.o.renew
+	for bctx.Err() == nil {
+		begin := time.Now()
+		s.stroke(bctx, cl, w)
+		_ = sleepCtx(bctx, time.Until(begin.Add(R)))
+	}
+	return s.shutdown(ctx)
+}
+
+// stroke is one run of the pump, from Start to End in putex's chart but
+// for the final wait.
+func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
+	rctx, cancel := context.WithTimeout(ctx, s.c.o.renew)
+	r, err := s.c.st.read(rctx, s.key)
+	cancel()
+	holding, lastRev := s.holding()
+	switch {
+	case ctx.Err() != nil:
+		return
+	case err != nil && !holding:
+		s.event(PhaseStandby, "cannot read the key", err)
+		return
+	case err != nil:
+		// Try to renew what we last wrote: if the broker is gone the
+		// write fails too, and the service stops.
+		r = record{rev: lastRev, holder: s.token, exists: true}
+	default:
+		cl.see(0, r.rev)
+	}
+	if !r.free() && r.holder != s.token {
+		s.standby(ctx, r, cl, w)
+		return
+	}
+	s.sunny(ctx, r)
+}
+
+// sunny is the path of a key that is free or ours: health check, renew,
+// start the service.
+func (s *Supervisor) sunny(ctx context.Context, r record) {
+	if err := s.c.healthCheck(ctx, Active); err != nil {
+		s.abort(ctx, "health check failed", err)
+		return
+	}
+	wctx, cancel := s.writeContext(ctx)
+	defer cancel()
+	start := time.Now()
+	rev, err := s.c.st.claim(wctx, s.key, s.token, r)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.abort(ctx, "write failed", err)
+		}
+		return
+	}
+	s.wrote(rev, start)
+	if s.Phase() != PhaseActive {
+		s.activate(ctx, rev)
+	}
+}
+
+// standby is the path of a key held by another token: stop the service,
+// wait for T of silence, take over, confirm.
+func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch) {
+	if holding, _ := s.holding(); holding {
+		s.lose(ctx, r, "the key holds another token")
+	}
+	s.seeHolder(r)
+	if err := s.c.healthCheck(ctx, Standby); err != nil {
+		s.event(PhaseStandby, "health check failed", err)
+		return
+	}
+	T := s.c.o.ttl()
+	var wake <-chan struct{}
+	if w != nil {
+		wake = w.wake
+	}
+	for {
+		rev, quiet := cl.last(0)
+		if rev != r.rev {
+			return // written since we read it: the holder lives
+		}
+		if quiet >= T {
+			break
+		}
+		t := time.NewTimer(T - quiet)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-wake:
+			t.Stop()
+			return // freed: the next stroke takes it
+		case <-t.C:
+		}
+	}
+	if err := s.c.healthCheck(ctx, Standby); err != nil {
+		s.event(PhaseStandby, "health check failed before the takeover", err)
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.c.o.renew)
+	start := time.Now()
+	rev, err := s.c.st.claim(wctx, s.key, s.token, r)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.event(PhaseStandby, "takeover failed", err, withHolder(r.holder, r.rev))
+		}
+		return
+	}
+	s.setPhase(PhaseConfirming)
+	s.wrote(rev, start)
+	s.event(PhaseConfirming, fmt.Sprintf("took the key over after %v without a write; confirming for %d interval(s)", T, s.c.o.confirm), nil)
+	if s.c.o.confirm == 0 {
+		s.activate(ctx, rev)
+		return
+	}
+	for i := 1; i <= s.c.o.confirm; i++ {
+		if sleepCtx(ctx, s.c.o.renew) != nil {
+			return
+		}
+		if i == s.c.o.confirm {
+			return // the next stroke renews and starts the service
+		}
+		wctx, cancel := s.writeContext(ctx)
+		start := time.Now()
+		nrev, err := s.c.st.renew(wctx, s.key, s.token, rev)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				s.lose(ctx, record{}, "confirmation write failed: "+err.Error())
+			}
+			return
+		}
+		rev = nrev
+		s.wrote(rev, start)
+	}
+}
+
+// activate starts the service and enters PhaseActive.
+func (s *Supervisor) activate(ctx context.Context, rev uint64) {
+	s.mu.Lock()
+	dl := s.deadline
+	s.mu.Unlock()
+	sctx, cancel := context.WithDeadline(ctx, dl)
+	defer cancel()
+	s.svcMu.Lock()
+	s.up = true
+	var err error
+	if s.svc.Start != nil {
+		err = protect(func() error { return s.svc.Start(sctx) })
+	}
+	s.svcMu.Unlock()
+	if err != nil {
+		s.abort(ctx, "starting the service failed", err)
+		return
+	}
+	s.mu.Lock()
+	held := s.phase != PhaseStandby || !s.deadline.Before(time.Now())
+	if held {
+		s.phase = PhaseActive
+	}
+	s.mu.Unlock()
+	if !held { // the hold ran out while the service started
+		s.event(PhaseStandby, "the hold ran out while the service started", s.stopService(ctx, false))
+		return
+	}
+	s.mu.Lock()
+	s.holder = s.token
+	s.mu.Unlock()
+	s.event(PhaseActive, "active: service started", nil, withHolder(s.token, rev))
+}
+
+// abort makes one attempt to blank the key, stops the service and goes
+// back to standby.
+func (s *Supervisor) abort(ctx context.Context, why string, cause error) {
+	holding, rev := s.holding()
+	s.disarm(PhaseStandby)
+	var errs []error
+	if holding {
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.o.renew)
+		if _, err := s.c.st.kv.Update(bctx, s.key, nil, rev); err != nil {
+			errs = append(errs, fmt.Errorf("blanking the key: %w", err))
+		}
+		cancel()
+	}
+	errs = append(errs, s.stopService(ctx, false))
+	s.event(PhaseStandby, why+": service stopped", errors.Join(append([]error{cause}, errs...)...))
+}
+
+// lose stops the service after the key was taken away.
+func (s *Supervisor) lose(ctx context.Context, r record, why string) {
+	s.disarm(PhaseStandby)
+	err := s.stopService(ctx, false)
+	s.event(PhaseStandby, why+": service stopped", err, withHolder(r.holder, r.rev))
+}
+
+// wrote records a successful write that started at start and arms the
+// expiry: the service stops by itself unless another write succeeds
+// within the validity.
+func (s *Supervisor) wrote(rev uint64, start time.Time) {
+	valid, _ := s.c.o.validity()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastRev = rev
+	s.deadline = start.Add(valid)
+	if s.timer == nil {
+		s.timer = time.AfterFunc(time.Until(s.deadline), s.expire)
+	} else {
+		s.timer.Reset(time.Until(s.deadline))
+	}
+}
+
+// expire runs when the hold's validity may have run out.
+func (s *Supervisor) expire() {
+	s.mu.Lock()
+	if s.done || s.phase == PhaseStandby {
+		s.mu.Unlock()
+		return
+	}
+	if d := time.Until(s.deadline); d > 0 {
+		s.timer.Reset(d)
+		s.mu.Unlock()
+		return
+	}
+	s.phase = PhaseStandby
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), s.c.o.ttl())
+	defer cancel()
+	err := s.stopService(ctx, false)
+	s.event(PhaseStandby, "no successful write for T minus the safety margin: service stopped", err)
+}
+
+// disarm leaves the holding phases.
+func (s *Supervisor) disarm(p Phase) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.phase = p
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+}
+
+func (s *Supervisor) setPhase(p Phase) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.phase = p
+}
+
+// holding reports whether the agent believes it holds the key, and the
+// revision of its last write.
+func (s *Supervisor) holding() (bool, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.phase == PhaseActive || s.phase == PhaseConfirming, s.lastRev
+}
+
+// writeContext bounds a renewal: by the hold's validity when the agent
+// holds the key, else by R.
+func (s *Supervisor) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	s.mu.Lock()
+	dl, holding := s.deadline, s.phase == PhaseActive || s.phase == PhaseConfirming
+	s.mu.Unlock()
+	if holding && time.Until(dl) > 0 {
+		return context.WithDeadline(ctx, dl)
+	}
+	return context.WithTimeout(ctx, s.c.o.renew)
+}
+
+// stopService runs Stop if the service may be up, or always when force.
+func (s *Supervisor) stopService(ctx context.Context, force bool) error {
+	s.svcMu.Lock()
+	defer s.svcMu.Unlock()
+	if !s.up && !force {
+		return nil
+	}
+	s.up = false
+	if s.svc.Stop == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.o.ttl())
+	defer cancel()
+	if err := protect(func() error { return s.svc.Stop(ctx) }); err != nil {
+		return fmt.Errorf("stopping the service: %w", err)
+	}
+	return nil
+}
+
+// seeHolder reports a new holder seen in standby.
+func (s *Supervisor) seeHolder(r record) {
+	s.mu.Lock()
+	changed := s.holder != r.holder
+	s.holder = r.holder
+	s.mu.Unlock()
+	if changed {
+		s.event(PhaseStandby, "standby: the key is held by another agent", nil, withHolder(r.holder, r.rev))
+	}
+}
+
+// shutdown ends Run: stop the service, blank the key if held.
+func (s *Supervisor) shutdown(ctx context.Context) error {
+	holding, rev := s.holding()
+	s.mu.Lock()
+	s.done = true
+	s.phase = PhaseStopped
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.mu.Unlock()
+	errs := []error{ctx.Err()}
+	if errs[0] == nil {
+		errs[0] = s.c.closedErr("supervisor " + s.key)
+	}
+	errs = append(errs, s.stopService(ctx, false))
+	if holding {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.o.ttl())
+		if nrev, err := s.c.st.clear(rctx, s.key, s.token, rev); err != nil {
+			errs = append(errs, fmt.Errorf("blanking the key: %w", err))
+		} else if nrev > 0 {
+			s.c.rememberBlank(s.key, nrev)
+		}
+		cancel()
+	}
+	err := errors.Join(errs...)
+	s.event(PhaseStopped, "stopped", nil)
+	return fmt.Errorf("natsputex: supervisor %q: %w", s.key, err)
+}
+
+type eventOpt func(*Event)
+
+func withHolder(h string, rev uint64) eventOpt {
+	return func(e *Event) { e.Holder, e.Revision = h, rev }
+}
+
+func (s *Supervisor) event(p Phase, msg string, err error, opts ...eventOpt) {
+	if s.svc.Observe == nil {
+		return
+	}
+	e := Event{Time: time.Now(), Phase: p, Msg: msg, Err: err}
+	for _, o := range opts {
+		o(&e)
+	}
+	s.svc.Observe(e)
+}
+
+// protect runs a user hook, turning a panic into an error.
+func protect(f func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return f()
+}

@@ -1,0 +1,371 @@
+package natsputex_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/latchkey-go/latchkey/contracttest"
+	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
+	"github.com/latchkey-go/latchkey/natsputex"
+)
+
+// agent is one in-process putex agent with its own connection, recording
+// the intervals in which its service runs in a shared History.
+type agent struct {
+	t       *testing.T
+	name    string
+	nc      *nats.Conn
+	sup     *natsputex.Supervisor
+	cancel  context.CancelFunc
+	done    chan error
+	history *contracttest.History
+	failHC  atomic.Bool // the health check fails while set
+
+	mu      sync.Mutex
+	exit    func() // ends the open service interval, nil when stopped
+	dead    bool
+	started []time.Time
+	stopped []time.Time
+}
+
+func startAgent(t *testing.T, url, bucket, key, name string, h *contracttest.History) *agent {
+	t.Helper()
+	nc, js, err := connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &agent{t: t, name: name, nc: nc, history: h, done: make(chan error, 1)}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	a.cancel = cancel
+	c, err := natsputex.New(ctx, js, bucket,
+		natsputex.WithRenewInterval(testR), natsputex.WithFailureThreshold(testF), natsputex.WithConfirmations(testC),
+		natsputex.WithHealthCheck(func(ctx context.Context, s natsputex.State) error {
+			if a.failHC.Load() {
+				return errors.New("unhealthy (test)")
+			}
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.sup, err = c.Supervisor(key, name, natsputex.Service{
+		Start: func(context.Context) error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if a.exit == nil && !a.dead {
+				a.exit = h.Enter(name, 0)
+				a.started = append(a.started, time.Now())
+			}
+			return nil
+		},
+		Stop: func(context.Context) error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			a.stopLocked()
+			return nil
+		},
+		Observe: func(e natsputex.Event) { t.Logf("%s: %v", name, e) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		err := a.sup.Run(ctx)
+		_ = c.Close()
+		a.done <- err
+	}()
+	t.Cleanup(a.stop)
+	return a
+}
+
+func (a *agent) stopLocked() {
+	if a.exit != nil {
+		a.exit()
+		a.exit = nil
+		a.stopped = append(a.stopped, time.Now())
+	}
+}
+
+// running reports whether the agent's service runs.
+func (a *agent) running() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.exit != nil
+}
+
+func (a *agent) lastStart() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.started) == 0 {
+		return time.Time{}
+	}
+	return a.started[len(a.started)-1]
+}
+
+// kill crashes the agent: its service dies with it, and it can tell NATS
+// nothing more.
+func (a *agent) kill() {
+	a.mu.Lock()
+	a.dead = true
+	a.stopLocked()
+	a.mu.Unlock()
+	a.nc.Close()
+	a.cancel()
+	<-a.done
+	a.done <- nil
+}
+
+// stop ends the agent cleanly (a SIGTERM).
+func (a *agent) stop() {
+	a.cancel()
+	err := <-a.done
+	a.done <- err
+	a.nc.Close()
+}
+
+// waitActive waits until exactly one of agents runs its service and
+// returns it.
+func waitActive(t *testing.T, within time.Duration, agents ...*agent) *agent {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		var up []*agent
+		for _, a := range agents {
+			if a.running() {
+				up = append(up, a)
+			}
+		}
+		if len(up) > 1 {
+			t.Fatalf("%d agents run the service at once", len(up))
+		}
+		if len(up) == 1 {
+			return up[0]
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("no agent became active within %v", within)
+	return nil
+}
+
+// writeTimes watches key and records when each write to it is seen.
+type writeTimes struct {
+	mu   sync.Mutex
+	last time.Time
+}
+
+func watchWrites(t *testing.T, url, bucket, key string) *writeTimes {
+	t.Helper()
+	nc, js, err := connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kw, err := kv.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wt := &writeTimes{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for e := range kw.Updates() {
+			if e != nil {
+				wt.mu.Lock()
+				wt.last = time.Now()
+				wt.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() { _ = kw.Stop(); <-done; nc.Close() })
+	return wt
+}
+
+func (w *writeTimes) lastWrite() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last
+}
+
+func supervisorEnv(t *testing.T) (url, bucket, key string) {
+	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+	url = natsenv.StartServer(t).URL()
+	bucket = uniqueBucket("sup")
+	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
+	return url, bucket, "spof-service"
+}
+
+// handoverBound is how long after a crash another agent may take up to:
+// T from the last write it saw, C confirmation intervals, one stroke of
+// alignment and slack for a loaded machine.
+const handoverBound = (testF+testC+2)*testR + 500*time.Millisecond
+
+// TestSupervisorHandover: with two then three agents on one key, killing
+// the active agent hands the service over no sooner than (F+C)·R after
+// its last write and within handoverBound; the services never overlap.
+func TestSupervisorHandover(t *testing.T) {
+	url, bucket, key := supervisorEnv(t)
+	writes := watchWrites(t, url, bucket, key)
+	h := contracttest.NewHistory(1)
+	agents := []*agent{
+		startAgent(t, url, bucket, key, "node-a", h),
+		startAgent(t, url, bucket, key, "node-b", h),
+	}
+	for round := range 3 {
+		active := waitActive(t, 2*handoverBound, agents...)
+		time.Sleep(3 * testR) // a few renewals
+		active.kill()
+		killed := time.Now()
+		lastWrite := writes.lastWrite()
+		var alive []*agent
+		for _, a := range agents {
+			if a != active {
+				alive = append(alive, a)
+			}
+		}
+		next := waitActive(t, handoverBound+time.Second, alive...)
+		took := next.lastStart().Sub(killed)
+		sinceWrite := next.lastStart().Sub(lastWrite)
+		t.Logf("round %d: %s killed, %s active %v later, %v after the last write seen", round, active.name, next.name, took.Round(time.Millisecond), sinceWrite.Round(time.Millisecond))
+		// The watch of this test may see the last write a little after the
+		// new agent did: allow that much delivery jitter.
+		if min := (testF+testC)*testR - 25*time.Millisecond; sinceWrite < min {
+			t.Errorf("round %d: handed over %v after the dead agent's last write, want >= (F+C)·R = %v", round, sinceWrite, (testF+testC)*testR)
+		}
+		if took > handoverBound {
+			t.Errorf("round %d: handed over %v after the kill, want <= %v", round, took, handoverBound)
+		}
+		agents = append(alive, startAgent(t, url, bucket, key, fmt.Sprintf("node-%d", round), h))
+	}
+	for _, a := range agents {
+		a.stop()
+	}
+	if err := h.Check(); err != nil {
+		t.Fatalf("services overlapped: %v", err)
+	}
+	if h.Len() < 4 {
+		t.Fatalf("recorded %d service intervals, want at least 4", h.Len())
+	}
+}
+
+// TestSupervisorHealthCheckFailover: an active agent whose health check
+// fails blanks the key and stops its service within R; another agent takes
+// over at once (the key is blank, no T to wait).
+func TestSupervisorHealthCheckFailover(t *testing.T) {
+	url, bucket, key := supervisorEnv(t)
+	h := contracttest.NewHistory(1)
+	agents := []*agent{
+		startAgent(t, url, bucket, key, "node-a", h),
+		startAgent(t, url, bucket, key, "node-b", h),
+		startAgent(t, url, bucket, key, "node-c", h),
+	}
+	active := waitActive(t, 2*handoverBound, agents...)
+	time.Sleep(2 * testR)
+	failed := time.Now()
+	active.failHC.Store(true)
+	for active.running() {
+		if time.Since(failed) > 2*testR+250*time.Millisecond {
+			t.Fatalf("%s still runs its service %v after its health check failed", active.name, time.Since(failed))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	stoppedAfter := time.Since(failed)
+	var others []*agent
+	for _, a := range agents {
+		if a != active {
+			others = append(others, a)
+		}
+	}
+	// A blank key is taken at once: well before T of silence.
+	next := waitActive(t, (testF+testC)*testR+time.Second, others...)
+	took := next.lastStart().Sub(failed)
+	t.Logf("%s stopped %v after its check failed; %s active after %v", active.name, stoppedAfter.Round(time.Millisecond), next.name, took.Round(time.Millisecond))
+	if took >= testF*testR+testR/2 && took > 500*time.Millisecond {
+		t.Errorf("takeover of a blanked key took %v: it should not wait for T = %v", took, testF*testR)
+	}
+	if active.running() {
+		t.Errorf("%s restarted its service while its health check fails", active.name)
+	}
+	for _, a := range agents {
+		a.stop()
+	}
+	if err := h.Check(); err != nil {
+		t.Fatalf("services overlapped: %v", err)
+	}
+}
+
+// TestSupervisorRelease: stopping the active agent (SIGTERM) stops its
+// service and blanks the key, so another agent starts at once.
+func TestSupervisorRelease(t *testing.T) {
+	url, bucket, key := supervisorEnv(t)
+	h := contracttest.NewHistory(1)
+	a := startAgent(t, url, bucket, key, "node-a", h)
+	b := startAgent(t, url, bucket, key, "node-b", h)
+	active := waitActive(t, 2*handoverBound, a, b)
+	other := b
+	if active == b {
+		other = a
+	}
+	stopped := time.Now()
+	active.stop()
+	waitActive(t, 2*time.Second, other)
+	took := other.lastStart().Sub(stopped)
+	t.Logf("%s active %v after %s stopped", other.name, took.Round(time.Millisecond), active.name)
+	if took >= testF*testR {
+		t.Errorf("after a clean stop, the other agent started after %v, want < T = %v (the key should be blank)", took, testF*testR)
+	}
+	other.stop()
+	if err := h.Check(); err != nil {
+		t.Fatalf("services overlapped: %v", err)
+	}
+}
+
+func TestSupervisorBadInput(t *testing.T) {
+	url, bucket, _ := supervisorEnv(t)
+	nc, js, err := connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c, err := natsputex.New(context.Background(), js, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, key := range []string{"", "a b", ".a", "a..b", "a*"} {
+		if _, err := c.Supervisor(key, "tok", natsputex.Service{}); !errors.Is(err, locksErrInvalidName) {
+			t.Errorf("Supervisor(%q) = %v, want ErrInvalidName", key, err)
+		}
+	}
+	for _, tok := range []string{"", "a\x00b"} {
+		if _, err := c.Supervisor("k", tok, natsputex.Service{}); !errors.Is(err, locksErrInvalidOption) {
+			t.Errorf("Supervisor token %q = %v, want ErrInvalidOption", tok, err)
+		}
+	}
+	for _, b := range []string{"", "a.b", "a b", "a*"} {
+		if _, err := natsputex.New(context.Background(), js, b); !errors.Is(err, locksErrInvalidName) {
+			t.Errorf("New(bucket %q) = %v, want ErrInvalidName", b, err)
+		}
+	}
+	s, err := c.Supervisor("k", "tok", natsputex.Service{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Run(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run with a cancelled context = %v, want context.Canceled", err)
+	}
+}
