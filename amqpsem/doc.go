@@ -1,2 +1,75 @@
-// Package amqpsem implements a persistent semaphore on RabbitMQ.
+// Package amqpsem implements the persistent semaphore of the amqp-locks
+// specification on RabbitMQ, and the exclusive-queue mutex it is built on,
+// with github.com/rabbitmq/amqp091-go.
+//
+// # The semaphore
+//
+// A semaphore named N with C slots is C durable slot queues A[1..C]
+// (named "N-1-A" .. "N-C-A" by [DefaultLayout]); a client holds slot L
+// while its connection owns the exclusive holder queue B[L] ("N-L-B").
+// [Semaphore] (a [locks.Semaphore]) acquires by scanning from slot 1 for
+// the first L whose A[L] exists and whose B[L] does not, and declaring
+// B[L]; a client that loses that race (RESOURCE_LOCKED) reopens its
+// channel, waits a random skew and scans again, up to [WithMaxAttempts].
+// [Admin] creates, resizes and destroys semaphores under the
+// administration mutex N, as the specification says (descending deletes,
+// overshooting, waiting for holders of removed slots, and the ascending
+// "Swiss cheese" variant). Queue existence is checked by publishing with
+// the mandatory flag on a confirm channel, pipelined, never by passive
+// declares, which break channels. [PythonLayout] shares semaphores with
+// the existing Python implementation ("N-A-i", "N-B-i").
+//
+// [Mutex] (a [locks.Locker]) is one exclusive queue per name. A Mutex on N
+// is the semaphore N's administration mutex.
+//
+// # What it promises
+//
+// A slot or mutex is held exactly as long as the broker sees the holder's
+// connection alive. When the holder's process dies or its socket closes,
+// the broker frees its queues at once. When the holder is cut off without
+// a close (a black-holed network, a frozen host), the broker frees them
+// after two missed heartbeats: between two and three heartbeat intervals
+// ([WithHeartbeat], 10s by default, so up to 30s). On the holder's side,
+// its lease ends with [locks.ErrLost] when its connection closes, or when
+// no verification ([WithVerifyInterval]) has succeeded for one heartbeat
+// interval: before the broker can free its slot, so a cut-off holder stops
+// before anyone else starts. A lease also ends with [locks.ErrLost] and
+// [ErrSlotRemoved] when a verification finds its slot removed by an
+// administrator; the holder then deletes its B queue, letting go as the
+// specification requires of holders of removed slots.
+//
+// A clean release deletes the queue and publishes to the wake exchange
+// ([WithWakeExchange], amq.direct), which wakes waiting clients at once;
+// a crashed holder is noticed by polling with [locks.Backoff].
+//
+// No fencing tokens: Token is always 0 (RabbitMQ has no counter to build
+// one from). Not partition-safe on a RabbitMQ cluster: exclusive queues
+// live on one node, and a partition can let two connections on two sides
+// each believe they own a queue of the same name; use it on a single node
+// or a cluster that pauses its minority.
+//
+// # Where this package differs from the specification
+//
+//   - Relinquishing by closing the channel, which the specification
+//     lists, does not free a slot on RabbitMQ: exclusive queues belong to
+//     the connection. Leases are released by deleting B[L].
+//   - Adding X slots declares every A queue from A[C+1] to A[C+X], not
+//     only A[C+X], so that the maximum stays well defined.
+//   - The specification counts slots "from 0" in places and from 1 in
+//     others; slots are numbered from 1, A[0] never exists.
+//   - Queue names are checked before any I/O: an AMQP short string of at
+//     most 255 bytes for every slot up to [MaxSlots], not starting with
+//     the reserved "amq.", and, for the default layout, not ending like a
+//     slot or holder queue of another semaphore.
+//   - Every queue is declared with x-max-length 0 and probes expire at
+//     once, so probe messages never pile up.
+//   - The verification the specification recommends after acquiring is
+//     also repeated periodically, and bounds the lease's validity.
+//   - [locks.Semaphore] has a fixed N; here C is what the broker holds and
+//     administrators may change it at any time. [WithCreate] creates a
+//     missing semaphore on first use.
+//
+// A [Client] is one connection and does not reconnect: when its
+// connection is gone, its leases have ended and its calls return errors
+// matching [locks.ErrClosed].
 package amqpsem

@@ -1,0 +1,417 @@
+package amqpsem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// ErrConnectionClosed is the reason a lease ends, wrapped in
+// [locks.ErrLost], when its client's connection closes: its exclusive
+// queues are gone at the broker, or will be within the heartbeat bound.
+var ErrConnectionClosed = errors.New("amqpsem: connection closed")
+
+// poolSize bounds the idle channels a client keeps for declares and
+// deletes.
+const poolSize = 8
+
+// Client is one AMQP connection to RabbitMQ. Its [Mutex], [Semaphore]s and
+// [Admin]s share it: every queue they declare exclusively belongs to this
+// connection, so every lease they hand out ends when it closes, cleanly
+// ([Client.Close]) or not (the broker or the network going away). A Client
+// does not reconnect: once its connection is gone, its calls return errors
+// matching [locks.ErrClosed]; make a new one.
+//
+// A Client is safe for concurrent use.
+type Client struct {
+	conn      *amqp.Connection
+	opts      options
+	heartbeat time.Duration // negotiated, > 0
+	verify    time.Duration
+
+	pool   chan *amqp.Channel
+	probes *prober
+	wakes  *waker
+
+	mu     sync.Mutex
+	closed bool
+	cause  error               // why the connection ended, once closed
+	held   map[string]*holding // exclusive queues this client holds or is declaring
+	leases map[*Lease]struct{} // live leases
+	wg     sync.WaitGroup      // goroutines started by the client
+	done   chan struct{}       // closed when the connection is gone
+}
+
+// Dial connects to the RabbitMQ broker at url (amqp:// or amqps://, as
+// [amqp.ParseURI] reads it) and returns a Client. Invalid options return an
+// error matching [locks.ErrInvalidOption] before any I/O. ctx bounds the
+// connection and its handshakes; when it ends first, the error matches
+// ctx.Err(). A refused connection or wrong credentials give the broker's
+// error (for credentials, one matching [amqp.ErrCredentials]).
+func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
+	o := defaults()
+	if err := locks.Apply(&o, opts); err != nil {
+		return nil, fmt.Errorf("amqpsem: %w", err)
+	}
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
+		return nil, fmt.Errorf("amqpsem: %w: URL: %w", locks.ErrInvalidOption, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	dial := o.dial
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	dctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
+	defer cancel()
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("amqpsem")
+	if o.connName != "" {
+		props.SetClientConnectionName(o.connName)
+	}
+	var stopDeadline func() bool
+	cfg := amqp.Config{
+		Heartbeat:       o.heartbeat,
+		TLSClientConfig: o.tls,
+		Properties:      props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			conn, err := dial(dctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// Bound the TLS and AMQP handshakes; amqp clears the deadline
+			// once the connection is open.
+			dl, _ := dctx.Deadline()
+			if err := conn.SetDeadline(dl); err != nil {
+				conn.Close()
+				return nil, err
+			}
+			// Dial's context ending interrupts the handshakes.
+			stopDeadline = context.AfterFunc(dctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+			return conn, nil
+		},
+	}
+	conn, err := amqp.DialConfig(url, cfg)
+	if stopDeadline != nil {
+		stopDeadline()
+	}
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, fmt.Errorf("amqpsem: dial: %w: %w", cerr, err)
+		}
+		return nil, fmt.Errorf("amqpsem: dial %s: %w", redact(uri), err)
+	}
+	hb := conn.Config.Heartbeat
+	if hb <= 0 {
+		_ = conn.Close()
+		return nil, fmt.Errorf("amqpsem: %w", locks.InvalidOption("heartbeats are disabled (heartbeat=0 in the URL or at the broker): amqpsem needs them to bound how long a dead holder keeps its slot"))
+	}
+	c := &Client{
+		conn:      conn,
+		opts:      o,
+		heartbeat: hb,
+		pool:      make(chan *amqp.Channel, poolSize),
+		held:      map[string]*holding{},
+		leases:    map[*Lease]struct{}{},
+		done:      make(chan struct{}),
+	}
+	c.verify = verifyInterval(o.verify, hb)
+	c.probes = &prober{c: c, sem: make(chan struct{}, 1)}
+	c.wakes = &waker{c: c, subs: map[string]map[chan struct{}]struct{}{}, bound: map[string]bool{}}
+	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
+	c.wg.Add(1)
+	go c.watch(closes)
+	return c, nil
+}
+
+func verifyInterval(opt, hb time.Duration) time.Duration {
+	if opt <= 0 {
+		return hb / 3
+	}
+	return min(opt, hb/2)
+}
+
+func redact(u amqp.URI) string {
+	u.Password = ""
+	return u.String()
+}
+
+// Heartbeat returns the heartbeat interval negotiated with the broker.
+func (c *Client) Heartbeat() time.Duration { return c.heartbeat }
+
+// watch ends every lease when the connection goes away.
+func (c *Client) watch(closes chan *amqp.Error) {
+	defer c.wg.Done()
+	e, ok := <-closes
+	var cause error = ErrConnectionClosed
+	if ok && e != nil {
+		cause = fmt.Errorf("%w: %w", ErrConnectionClosed, e)
+	}
+	c.mu.Lock()
+	if c.cause == nil {
+		c.cause = cause
+	}
+	c.closed = true
+	cause = c.cause
+	leases := make([]*Lease, 0, len(c.leases))
+	for l := range c.leases {
+		leases = append(leases, l)
+	}
+	c.mu.Unlock()
+	close(c.done)
+	for _, l := range leases {
+		l.base.End(locks.Lost(cause))
+	}
+}
+
+// Close ends every lease of the client with [locks.ErrLost] and closes its
+// connection, which frees the queues those leases held at the broker.
+// Later calls on the client and its Mutex, Semaphores and Admins return
+// errors matching [locks.ErrClosed]. Close waits for the client's
+// goroutines and is idempotent; it returns the error of closing the
+// connection, if any.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.cause == nil {
+		c.cause = fmt.Errorf("%w: %w", ErrConnectionClosed, locks.ErrClosed)
+	}
+	already := c.closed
+	c.closed = true
+	c.mu.Unlock()
+	var err error
+	if !already {
+		err = c.conn.CloseDeadline(time.Now().Add(2 * time.Second))
+		if errors.Is(err, amqp.ErrClosed) {
+			err = nil
+		}
+	}
+	<-c.done
+	c.wg.Wait()
+	return err
+}
+
+// errClosed returns the error for a call on a closed client, or nil.
+func (c *Client) errClosed() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", locks.ErrClosed, c.cause)
+}
+
+// goTracked runs f in a goroutine that Close waits for, unless the client
+// is closed.
+func (c *Client) goTracked(f func()) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// channel returns an open channel from the pool, or a new one.
+func (c *Client) channel() (*amqp.Channel, error) {
+	for {
+		select {
+		case ch := <-c.pool:
+			if !ch.IsClosed() {
+				return ch, nil
+			}
+			continue
+		default:
+		}
+		ch, err := c.conn.Channel()
+		if err != nil {
+			return nil, c.connErr(err)
+		}
+		return ch, nil
+	}
+}
+
+// putChannel gives ch back to the pool; a broken channel is dropped.
+func (c *Client) putChannel(ch *amqp.Channel) {
+	if ch.IsClosed() {
+		return
+	}
+	select {
+	case c.pool <- ch:
+	default:
+		_ = ch.Close()
+	}
+}
+
+// connErr wraps err with locks.ErrClosed when the connection is gone.
+func (c *Client) connErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if c.conn.IsClosed() || errors.Is(err, amqp.ErrClosed) {
+		if cerr := c.errClosed(); cerr != nil {
+			return fmt.Errorf("%w: %w", cerr, err)
+		}
+		return fmt.Errorf("%w: %w: %w", locks.ErrClosed, ErrConnectionClosed, err)
+	}
+	return err
+}
+
+// call runs fn on a pooled channel. AMQP calls cannot be interrupted: when
+// ctx ends first, fn goes on, and if it succeeds undo runs (to delete what
+// fn declared); call waits for that, up to one heartbeat interval (a
+// connection silent for longer is going away with its queues), so that a
+// cancelled call leaves nothing held when it returns ctx's error.
+func (c *Client) call(ctx context.Context, fn func(ch *amqp.Channel) error, undo func()) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var (
+		mu        sync.Mutex
+		finished  bool
+		abandoned bool
+		res       error
+	)
+	done := make(chan struct{})
+	undone := make(chan struct{})
+	ok := c.goTracked(func() {
+		defer close(undone)
+		ch, err := c.channel()
+		if err == nil {
+			err = fn(ch)
+			c.putChannel(ch)
+		}
+		mu.Lock()
+		finished, res = true, err
+		gone := abandoned
+		mu.Unlock()
+		close(done)
+		if gone && err == nil && undo != nil {
+			undo()
+		}
+	})
+	if !ok {
+		return c.errClosed()
+	}
+	select {
+	case <-done:
+		return c.connErr(res)
+	case <-ctx.Done():
+		mu.Lock()
+		defer mu.Unlock()
+		if finished {
+			return c.connErr(res)
+		}
+		abandoned = true
+		mu.Unlock()
+		t := time.NewTimer(c.heartbeat)
+		select {
+		case <-undone:
+		case <-t.C:
+		}
+		t.Stop()
+		mu.Lock()
+		return ctx.Err()
+	}
+}
+
+// amqpCode returns the AMQP reply code in err, or 0.
+func amqpCode(err error) int {
+	var e *amqp.Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return 0
+}
+
+// holding is one exclusive queue this client declared or is declaring.
+type holding struct {
+	queue   string
+	wakeKey string
+	once    sync.Once
+	err     error
+}
+
+// reserve claims queue for this client, so that two of its own calls never
+// both "win" a queue (a connection may redeclare its own exclusive queue).
+func (c *Client) reserve(queue, wakeKey string) (*holding, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("%w: %w", locks.ErrClosed, c.cause)
+	}
+	if c.held[queue] != nil {
+		return nil, nil
+	}
+	h := &holding{queue: queue, wakeKey: wakeKey}
+	c.held[queue] = h
+	return h, nil
+}
+
+func (c *Client) unreserve(h *holding) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.held[h.queue] == h {
+		delete(c.held, h.queue)
+	}
+}
+
+func (c *Client) reserved(queue string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.held[queue] != nil
+}
+
+// declareExclusive declares h's queue, exclusive to this connection. When
+// it fails, h is no longer reserved; when ctx ends first and the declare
+// then succeeds, the queue is deleted.
+func (c *Client) declareExclusive(ctx context.Context, h *holding, args amqp.Table) error {
+	return c.call(ctx, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(h.queue, false, false, true, false, args)
+		if err != nil {
+			c.unreserve(h) // nothing was declared
+		}
+		return err
+	}, func() { _ = c.free(context.Background(), h) })
+}
+
+// free deletes h's queue, once, and wakes the waiters of its key. When the
+// connection is gone, the queue is gone with it (or will be soon) and free
+// reports no error.
+func (c *Client) free(ctx context.Context, h *holding) error {
+	h.once.Do(func() {
+		err := c.call(ctx, func(ch *amqp.Channel) error {
+			_, err := ch.QueueDelete(h.queue, false, false, false)
+			if err == nil || c.conn.IsClosed() {
+				c.unreserve(h)
+			}
+			if err == nil && c.opts.wakeExchange != "" && h.wakeKey != "" {
+				_ = ch.Publish(c.opts.wakeExchange, h.wakeKey, false, false, amqp.Publishing{Expiration: "60000"})
+			}
+			return err
+		}, nil)
+		if errors.Is(err, locks.ErrClosed) {
+			c.unreserve(h)
+			err = nil
+		}
+		if err != nil {
+			err = fmt.Errorf("amqpsem: delete queue %q: %w", h.queue, err)
+		}
+		h.err = err
+	})
+	return h.err
+}

@@ -1,0 +1,333 @@
+package amqpsem_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/contracttest"
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/locks"
+
+	"github.com/latchkey-go/latchkey/amqpsem"
+)
+
+// Short timings for tests: the heartbeat bounds crash recovery.
+const (
+	testHeartbeat = time.Second
+	testVerify    = 250 * time.Millisecond
+)
+
+var testBackoff = locks.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}
+
+// killMode says how a harness kills a client.
+type killMode int
+
+const (
+	// blackHole silences the client's proxy: neither side hears of it
+	// until heartbeats time out (the heartbeat bound).
+	blackHole killMode = iota
+	// closeSocket closes the client's TCP socket abruptly, without an AMQP
+	// close: the broker sees the socket close at once.
+	closeSocket
+)
+
+// harness runs the conformance suite. With semLocker, the suite's Locker
+// is a one-slot persistent semaphore (which makes Revoke possible:
+// destroying the semaphore); otherwise it is the exclusive-queue Mutex.
+type harness struct {
+	t         testing.TB
+	url       string
+	upstream  string
+	kill      killMode
+	semLocker bool
+
+	mu      sync.Mutex
+	names   map[string]bool // semaphores to destroy at Close
+	proxies []*testenv.Proxy
+}
+
+func amqpURL(t testing.TB) (string, string) {
+	t.Helper()
+	raw := testenv.AMQPURL(t)
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host += ":5672"
+	}
+	return raw, host
+}
+
+func newHarness(kill killMode, semLocker bool) contracttest.NewHarness {
+	return func(ctx context.Context, t testing.TB) (contracttest.Harness, error) {
+		raw, host := amqpURL(t)
+		h := &harness{t: t, url: raw, upstream: host, kill: kill, semLocker: semLocker, names: map[string]bool{}}
+		if semLocker {
+			return revokingHarness{h}, nil
+		}
+		return h, nil
+	}
+}
+
+func (h *harness) record(name string) {
+	h.mu.Lock()
+	h.names[name] = true
+	h.mu.Unlock()
+}
+
+type client struct {
+	h      *harness
+	c      *amqpsem.Client
+	proxy  *testenv.Proxy
+	mu     sync.Mutex
+	conns  []net.Conn
+	locker locks.Locker
+}
+
+func testOptions() []amqpsem.Option {
+	return []amqpsem.Option{
+		amqpsem.WithHeartbeat(testHeartbeat),
+		amqpsem.WithVerifyInterval(testVerify),
+		amqpsem.WithBackoff(testBackoff),
+		amqpsem.WithSkew(5 * time.Millisecond),
+		amqpsem.WithConnectTimeout(5 * time.Second),
+	}
+}
+
+func (h *harness) NewClient(ctx context.Context) (contracttest.Client, error) {
+	cl := &client{h: h}
+	target := h.upstream
+	if h.kill == blackHole {
+		cl.proxy = testenv.NewProxy(h.t, h.upstream)
+		target = cl.proxy.Addr()
+		h.mu.Lock()
+		h.proxies = append(h.proxies, cl.proxy)
+		h.mu.Unlock()
+	}
+	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, target)
+		if err == nil {
+			cl.mu.Lock()
+			cl.conns = append(cl.conns, conn)
+			cl.mu.Unlock()
+		}
+		return conn, err
+	}
+	c, err := amqpsem.Dial(ctx, h.url, append(testOptions(), amqpsem.WithDial(dial))...)
+	if err != nil {
+		return nil, err
+	}
+	cl.c = c
+	if h.semLocker {
+		s, err := c.Semaphore(amqpsem.WithCreate(1))
+		if err != nil {
+			return nil, errors.Join(err, c.Close())
+		}
+		cl.locker = semLocker{recSem{s, h}}
+	} else {
+		m, err := c.Mutex()
+		if err != nil {
+			return nil, errors.Join(err, c.Close())
+		}
+		cl.locker = m
+	}
+	return cl, nil
+}
+
+func (cl *client) Locker() locks.Locker { return cl.locker }
+
+func (cl *client) Semaphore(ctx context.Context, size int) (locks.Semaphore, error) {
+	s, err := cl.c.Semaphore(amqpsem.WithCreate(size))
+	if err != nil {
+		return nil, err
+	}
+	return recSem{s, cl.h}, nil
+}
+
+func (cl *client) Close() error { return cl.c.Close() }
+
+func (h *harness) Kill(ctx context.Context, c contracttest.Client) error {
+	cl := c.(*client)
+	if h.kill == blackHole {
+		cl.proxy.BlackHole()
+		return nil
+	}
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	for _, conn := range cl.conns {
+		if tc, ok := conn.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		_ = conn.Close()
+	}
+	return nil
+}
+
+func (h *harness) Capabilities() contracttest.Capabilities {
+	caps := contracttest.Capabilities{
+		Fencing:       false,
+		Semaphore:     true,
+		InvalidNames:  []string{strings.Repeat("x", 256), "amq.reserved", "bad\x00name", string([]byte{0xff})},
+		CrashRecovery: time.Second,
+		LossDetection: 600 * time.Millisecond,
+	}
+	if h.kill == blackHole {
+		// The broker drops a silent connection after two or three missed
+		// heartbeats; the holder's lease ends within one heartbeat of its
+		// last successful verification.
+		caps.CrashRecovery = 3*testHeartbeat + 500*time.Millisecond
+		caps.LossDetection = testHeartbeat + testVerify + 100*time.Millisecond
+	}
+	return caps
+}
+
+func (h *harness) Close() error {
+	h.mu.Lock()
+	names, proxies := h.names, h.proxies
+	h.names, h.proxies = map[string]bool{}, nil
+	h.mu.Unlock()
+	// Cut ends the proxies' goroutines now, before the suite looks for
+	// leaks; the test's cleanup closes them for good.
+	for _, p := range proxies {
+		p.Cut()
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return destroyAll(h.url, names)
+}
+
+// destroyAll destroys the semaphores named, on a connection of its own.
+func destroyAll(rawURL string, names map[string]bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := amqpsem.Dial(ctx, rawURL, amqpsem.WithHeartbeat(testHeartbeat))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	a, err := c.Admin()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for name := range names {
+		if _, err := a.Destroy(ctx, name); err != nil && !errors.Is(err, locks.ErrInvalidName) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// revokingHarness is a harness whose Locker is a one-slot semaphore.
+type revokingHarness struct{ *harness }
+
+// Revoke destroys the one-slot semaphore name, as an administrator would,
+// and waits for its holder to let go: the holder's next verification
+// finds its slot gone, ends its lease and deletes its holder queue. (An exclusive queue
+// of another connection cannot be deleted over AMQP, so the Mutex harness
+// is not a Revoker.)
+func (h revokingHarness) Revoke(ctx context.Context, name string) error {
+	c, err := amqpsem.Dial(ctx, h.url, amqpsem.WithHeartbeat(testHeartbeat))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	a, err := c.Admin()
+	if err != nil {
+		return err
+	}
+	removed, err := a.Destroy(ctx, name)
+	if err != nil {
+		return err
+	}
+	// As the specification's administrator does after removing slots:
+	// wait for their holders to let go (they do at their next
+	// verification).
+	return a.WaitReleased(ctx, name, removed)
+}
+
+func (h *harness) InvalidOptions(ctx context.Context) []error {
+	var errs []error
+	for _, opt := range []amqpsem.Option{
+		amqpsem.WithHeartbeat(0), amqpsem.WithHeartbeat(500 * time.Millisecond),
+		amqpsem.WithVerifyInterval(0), amqpsem.WithVerifyInterval(-time.Second),
+		amqpsem.WithBackoff(locks.Backoff{Min: time.Second, Max: time.Millisecond}),
+		amqpsem.WithMaxAttempts(0), amqpsem.WithSkew(-1), amqpsem.WithCreate(-1),
+		amqpsem.WithCreate(amqpsem.MaxSlots + 1), amqpsem.WithOvershoot(-1),
+		amqpsem.WithConnectTimeout(0), amqpsem.WithTLS(nil), amqpsem.WithDial(nil),
+		amqpsem.WithLayout(amqpsem.Layout{}), amqpsem.WithWakeExchange(strings.Repeat("e", 256)),
+		amqpsem.WithConnectionName(strings.Repeat("n", 256)),
+	} {
+		_, err := amqpsem.Dial(ctx, "amqp://nobody:nothing@127.0.0.1:1/", opt)
+		errs = append(errs, err)
+	}
+	_, err := amqpsem.Dial(ctx, "http://not-amqp/")
+	errs = append(errs, err)
+	c, err := amqpsem.Dial(ctx, h.url, testOptions()...)
+	if err != nil {
+		return append(errs, err)
+	}
+	defer c.Close()
+	_, err = c.Semaphore(amqpsem.WithHeartbeat(2 * time.Second)) // a connection option
+	errs = append(errs, err)
+	_, err = c.Mutex(amqpsem.WithMaxAttempts(-1))
+	errs = append(errs, err)
+	a, _ := c.Admin()
+	errs = append(errs, a.Create(ctx, "n", 0))
+	_, err = a.Add(ctx, "n", -1)
+	errs = append(errs, err)
+	_, err = a.Resize(ctx, "n", -1)
+	errs = append(errs, err)
+	return errs
+}
+
+// recSem records the names it is used on, for cleanup.
+type recSem struct {
+	s *amqpsem.Semaphore
+	h *harness
+}
+
+func (r recSem) Acquire(ctx context.Context, name string) (locks.Lease, error) {
+	r.h.record(name)
+	return r.s.Acquire(ctx, name)
+}
+
+func (r recSem) TryAcquire(ctx context.Context, name string) (locks.Lease, error) {
+	r.h.record(name)
+	return r.s.TryAcquire(ctx, name)
+}
+
+// semLocker is a one-slot semaphore seen as a Locker.
+type semLocker struct{ s locks.Semaphore }
+
+func (l semLocker) Lock(ctx context.Context, name string) (locks.Lease, error) {
+	return l.s.Acquire(ctx, name)
+}
+
+func (l semLocker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
+	return l.s.TryAcquire(ctx, name)
+}
+
+// TestConformanceMutex runs the suite on the exclusive-queue Mutex, each
+// client behind a fault proxy that Kill black-holes: crash recovery takes
+// the heartbeat bound.
+func TestConformanceMutex(t *testing.T) {
+	contracttest.RunConformanceTests(t, newHarness(blackHole, false))
+}
+
+// TestConformanceSemaphore runs the suite with a one-slot persistent
+// semaphore as the Locker; Kill closes the client's socket; Revoke
+// destroys the semaphore.
+func TestConformanceSemaphore(t *testing.T) {
+	contracttest.RunConformanceTests(t, newHarness(closeSocket, true))
+}

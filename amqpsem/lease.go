@@ -1,0 +1,130 @@
+package amqpsem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// ErrSlotRemoved is the reason a lease ends, wrapped in [locks.ErrLost],
+// when verification finds its slot queue A[L] (or its own holder or mutex
+// queue) gone: an administrator removed the slot or destroyed the
+// semaphore.
+var ErrSlotRemoved = errors.New("amqpsem: slot removed")
+
+// Lease is a held mutex or semaphore slot: an exclusive queue this
+// client's connection declared. It implements [locks.Lease] and
+// [locks.SlotLease].
+//
+// The lease ends with [locks.ErrLost] when its connection closes, when a
+// verification finds its slot removed (see [WithVerifyInterval]), or when
+// no verification has succeeded for one heartbeat interval (the broker
+// may then drop the connection, and the queue with it). Token is always
+// 0: RabbitMQ gives nothing to build a fencing token from.
+//
+// A Lease is safe for concurrent use.
+type Lease struct {
+	base      *locks.BaseLease
+	c         *Client
+	h         *holding
+	slotQueue string // A[L]; "" for a mutex
+}
+
+var _ locks.SlotLease = (*Lease)(nil)
+
+func (c *Client) newLease(ctx context.Context, name string, slot int, slotQueue string, h *holding, sent time.Time) (*Lease, error) {
+	l := &Lease{c: c, h: h, slotQueue: slotQueue}
+	l.base = locks.NewBaseLease(ctx, locks.LeaseSpec{
+		Name:     name,
+		Slot:     slot,
+		Deadline: sent.Add(c.heartbeat),
+		Release:  func(ctx context.Context) error { return c.free(ctx, h) },
+	})
+	c.mu.Lock()
+	if c.closed {
+		cause := c.cause
+		c.mu.Unlock()
+		l.base.End(locks.Lost(cause))
+		_ = c.free(context.Background(), h)
+		return nil, fmt.Errorf("%w: %w", locks.ErrClosed, cause)
+	}
+	c.leases[l] = struct{}{}
+	c.mu.Unlock()
+	context.AfterFunc(l.base.Context(), func() {
+		c.mu.Lock()
+		delete(c.leases, l)
+		c.mu.Unlock()
+	})
+	l.base.KeepAlive(c.verify, l.renew)
+	return l, nil
+}
+
+// Name returns the mutex or semaphore name.
+func (l *Lease) Name() string { return l.base.Name() }
+
+// Context returns a context that ends with the lease; [context.Cause]
+// says why.
+func (l *Lease) Context() context.Context { return l.base.Context() }
+
+// Token returns 0: amqpsem has no fencing tokens.
+func (l *Lease) Token() uint64 { return 0 }
+
+// Slot returns the semaphore slot L, from 1, or 0 for a mutex.
+func (l *Lease) Slot() int { return l.base.Slot() }
+
+// Queue returns the exclusive queue the lease holds: B[L] for a slot, the
+// mutex queue for a mutex.
+func (l *Lease) Queue() string { return l.h.queue }
+
+// Release ends the lease with [locks.ErrReleased] and deletes its queue,
+// which frees the slot and wakes waiting clients. It is idempotent; see
+// [locks.Lease.Release]. If ctx ends first, the delete goes on in the
+// background and the error matches ctx.Err().
+func (l *Lease) Release(ctx context.Context) error { return l.base.Release(ctx) }
+
+// Verify checks at the broker, now, that the lease still holds its slot:
+// that A[L] and B[L] (for a mutex, its queue) exist. When they do not, the
+// lease ends with [locks.ErrLost] and [ErrSlotRemoved], its queue is
+// deleted, and Verify returns that cause. On a lease that has ended,
+// Verify returns its cause.
+func (l *Lease) Verify(ctx context.Context) error {
+	if cause := context.Cause(l.base.Context()); cause != nil {
+		return cause
+	}
+	until, err := l.renew(ctx)
+	if err != nil {
+		return err
+	}
+	l.base.Extend(until)
+	return nil
+}
+
+// renew verifies the lease and returns its new validity: one heartbeat
+// after the probes were sent, since the broker heard from the client then
+// and keeps its connection for at least two heartbeats of silence.
+func (l *Lease) renew(ctx context.Context) (time.Time, error) {
+	queues := []string{l.h.queue}
+	if l.slotQueue != "" {
+		queues = append(queues, l.slotQueue)
+	}
+	got, sent, err := l.c.probes.probe(ctx, queues...)
+	if err != nil {
+		return time.Time{}, err
+	}
+	for i, ok := range got {
+		if !ok {
+			cause := locks.Lost(fmt.Errorf("%w: queue %q of %q is gone", ErrSlotRemoved, queues[i], l.Name()))
+			l.base.End(cause)
+			// The slot is void: relinquish it, as the specification asks
+			// of holders of removed slots.
+			fctx, cancel := context.WithTimeout(context.Background(), l.c.heartbeat)
+			_ = l.c.free(fctx, l.h)
+			cancel()
+			return time.Time{}, cause
+		}
+	}
+	return sent.Add(l.c.heartbeat), nil
+}

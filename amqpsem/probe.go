@@ -1,0 +1,159 @@
+package amqpsem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// maxBatch bounds the probes in flight at once; the return buffer holds
+// two batches, so the connection's reader never waits on it.
+const maxBatch = 128
+
+// prober checks queue existence the way the specification recommends: a
+// publish with the mandatory flag on a channel in confirm mode. A queue
+// that does not exist makes the broker return the message (NO_ROUTE)
+// before it confirms it; a queue that does exists drops the message (its
+// x-max-length is 0, and the message expires at once anyway). Probes are
+// pipelined: a batch is published, then its confirms awaited together.
+// Unlike a passive declare, a missing queue does not close the channel.
+type prober struct {
+	c   *Client
+	sem chan struct{} // one batch at a time
+
+	// Guarded by sem.
+	ch      *amqp.Channel
+	returns chan amqp.Return
+	pending []*amqp.DeferredConfirmation // of a batch whose caller gave up
+	seq     uint64
+}
+
+// exists reports, for each queue, whether it exists. The answers for one
+// batch come from the broker in order, but are not atomic: a queue may
+// appear or go just after its probe.
+func (p *prober) exists(ctx context.Context, queues []string) ([]bool, error) {
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-p.c.done:
+		return nil, p.c.errClosed()
+	}
+	defer func() { <-p.sem }()
+	out := make([]bool, 0, len(queues))
+	for len(queues) > 0 {
+		n := min(len(queues), maxBatch)
+		got, err := p.batch(ctx, queues[:n])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+		queues = queues[n:]
+	}
+	return out, nil
+}
+
+// open opens the probe channel in confirm mode, if needed.
+func (p *prober) open() error {
+	if p.ch != nil && !p.ch.IsClosed() {
+		return nil
+	}
+	p.ch, p.pending = nil, nil
+	ch, err := p.c.channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return p.c.connErr(err)
+	}
+	p.returns = ch.NotifyReturn(make(chan amqp.Return, 2*maxBatch))
+	p.ch = ch
+	return nil
+}
+
+func (p *prober) batch(ctx context.Context, queues []string) ([]bool, error) {
+	if err := p.open(); err != nil {
+		return nil, fmt.Errorf("amqpsem: probe channel: %w", err)
+	}
+	// A caller that gave up left confirms in flight: wait for them, so
+	// that their returns are in the buffer and can be told apart.
+	for _, dc := range p.pending {
+		if _, err := dc.WaitContext(ctx); err != nil {
+			return nil, err
+		}
+	}
+	p.pending = nil
+	p.drain(nil)
+
+	first := p.seq + 1
+	dcs := make([]*amqp.DeferredConfirmation, 0, len(queues))
+	for _, q := range queues {
+		p.seq++
+		dc, err := p.ch.PublishWithDeferredConfirm("", q, true, false, amqp.Publishing{
+			MessageId:  strconv.FormatUint(p.seq, 10),
+			Expiration: "0",
+		})
+		if err != nil {
+			p.pending = dcs
+			return nil, fmt.Errorf("amqpsem: probe %q: %w", q, p.c.connErr(err))
+		}
+		dcs = append(dcs, dc)
+	}
+	for i, dc := range dcs {
+		if _, err := dc.WaitContext(ctx); err != nil {
+			p.pending = dcs[i:]
+			return nil, err
+		}
+	}
+	if p.ch.IsClosed() {
+		return nil, fmt.Errorf("amqpsem: probe: %w", p.c.connErr(amqp.ErrClosed))
+	}
+	out := make([]bool, len(queues))
+	for i := range out {
+		out[i] = true
+	}
+	p.drain(func(r amqp.Return) {
+		id, err := strconv.ParseUint(r.MessageId, 10, 64)
+		if err != nil || id < first || id >= first+uint64(len(queues)) {
+			return // from a batch whose caller gave up
+		}
+		if r.ReplyCode == amqp.NoRoute {
+			out[id-first] = false
+		}
+	})
+	return out, nil
+}
+
+// drain takes every return already delivered. The connection's reader
+// hands a return over before the confirm that follows it, so once a batch
+// is confirmed its returns are all buffered.
+func (p *prober) drain(f func(amqp.Return)) {
+	for {
+		select {
+		case r, ok := <-p.returns:
+			if !ok {
+				return
+			}
+			if f != nil {
+				f(r)
+			}
+		default:
+			return
+		}
+	}
+}
+
+// probe is exists with a validity bound: it also returns when the probes
+// were sent, for lease renewal.
+func (p *prober) probe(ctx context.Context, queues ...string) ([]bool, time.Time, error) {
+	sent := time.Now()
+	got, err := p.exists(ctx, queues)
+	if err != nil && !errors.Is(err, ctx.Err()) {
+		err = fmt.Errorf("amqpsem: %w", err)
+	}
+	return got, sent, err
+}
