@@ -1,2 +1,140 @@
-// Package redlockprio implements Redlock on independent Redis masters, with priorities and lock theft.
+// Package redlockprio implements Redlock on N independent Redis masters,
+// with fencing tokens, automatic batch renewal, priorities and lock theft,
+// on github.com/redis/go-redis/v9.
+//
+// [New] takes one go-redis client per master (N ≥ 1; each may be a
+// *redis.Client or a *redis.ClusterClient) and returns a [Locker], which
+// implements [locks.Locker]; [Locker.Semaphore] returns a [Semaphore]
+// ([locks.Semaphore]) whose leases implement [locks.SlotLease]. Leases are
+// [*Lease] values. Invalid names (empty, not UTF-8, control characters,
+// '{' or '}', over 1024 bytes) give [locks.ErrInvalidName] and invalid
+// options [locks.ErrInvalidOption], before any I/O.
+//
+// # What it promises
+//
+// A lease is held on a majority (quorum N/2+1) of independent masters. It
+// is valid until start + TTL − drift on the local monotonic clock, where
+// start is taken before the requests of the step that last granted or
+// renewed it and drift = TTL·driftFactor + 2ms ([WithDriftFactor]). Each
+// step on a master is one Lua script, run by SHA (EVALSHA, falling back to
+// EVAL on NOSCRIPT); requests to the masters go out in parallel. An attempt
+// that does not win a quorum deletes whatever it got. Errors say which
+// masters failed: a [*QuorumError] unwraps to one error per master.
+//
+// Every lease is renewed in the background: all the leases of one Locker
+// in one pipeline per master per tick ([WithRenewInterval]), from one
+// goroutine that exits when no lease is held. Renewal extends a key only
+// while it still holds the lease's random holder id, so a stale holder
+// never extends nor deletes a later holder's key. When a quorum cannot be
+// renewed, the lease ends with [locks.ErrLost] before its validity runs
+// out: at once when a quorum says the keys are gone, else at the first
+// failed tick after which the next tick could come too late.
+//
+// Not safe against: clocks that jump or run faster than the drift factor
+// allows (validity is local time; key expiry is the masters' time); and
+// masters that restart empty (without persistence) inside the TTL: if a
+// majority of the masters that granted a lease forget it, a second client
+// can win a majority while the first still holds the lease
+// (TestMajorityRestartedEmptyAllowsDoubleGrant shows it). Mitigation: keep
+// a crashed master down for at least one TTL before it rejoins (its
+// holders' leases have then ended, as the same test shows), or run the
+// masters with AOF persistence and appendfsync always.
+//
+// # Fencing tokens
+//
+// Lease.Token is strictly greater for every later holder of a name. Each
+// master keeps a counter per name ({name}:fence, never expiring). The
+// acquire script raises the counter to at least a floor the client passes
+// (the largest counter it has seen for the name in this call), increments
+// it, and returns it; the token T is the largest counter among the masters
+// that granted. Before Lock returns, T must be recorded on a quorum: when
+// fewer than a quorum of the granting masters returned T itself, a second,
+// rare step raises the others' counters to T (Lock fails if it cannot).
+// Renewals and releases raise every master's counter they reach to the
+// lease's token too, and after a grant the other masters are raised in the
+// background.
+//
+// Why T increases: let A hold T_A, recorded (counter ≥ T_A) on a quorum
+// Q_A before A used it, and let B be a later holder, granted by a quorum
+// Q_B. Two quorums intersect: some master m is in both. B's grant on m
+// happens after A's counter there reached T_A: A's key on m stood until A
+// released it, it expired (after A's validity, which ends before B's
+// critical section begins) or B displaced it — all after A's grant and
+// write-back on m, since A's Lock had returned and was not preempted
+// before. Counters never decrease (barring restarts), so B's script on m
+// returns at least T_A + 1, and T_B, the maximum over Q_B, is > T_A.
+// A master that restarts empty loses its counters: that is harmless while
+// a quorum of masters still holds counters ≥ T_A, which is why T is the
+// maximum over a quorum rather than one master's value, and why the
+// counters are spread to every reachable master. The limit is the one
+// above: a majority restarting empty — more precisely, the masters holding
+// a counter ≥ T_A shrinking below a quorum before B's grant. Right after a
+// grant T_A may sit on a bare quorum until the background raise or the
+// first renewal (one renewal interval at most) has reached the other
+// masters: a single master restarting empty inside that window, with the
+// holder crashing inside it too, can let a later token repeat T_A.
+//
+// # Priorities and theft
+//
+// With [WithPriority], the acquire script takes a slot when it is free or
+// when the caller's priority is strictly higher than the holder's; equal
+// priorities never steal. On a theft the script returns the displaced
+// holder's id, priority, remaining PTTL and inbox channel. Having won a
+// quorum, the thief publishes a notice on the victim's inbox (one Redis
+// pub/sub connection per master per Locker carries every inbox and release
+// channel) naming its own inbox as the reply channel. The victim's lease
+// context ends at once with [locks.ErrPreempted] (also matching
+// [locks.ErrLost]) and it acknowledges. The thief's Lock returns when the
+// victim has acknowledged or when the victim's validity has provably run
+// out — the largest PTTL the victim's keys had when displaced, plus the
+// drift allowance, counted from when the answers arrived — whichever comes
+// first. So a theft never breaks mutual exclusion, even when the victim is
+// unreachable (TestTheftFromUnreachableVictimWaitsOutItsValidity); the
+// thief keeps renewing its keys while it waits.
+//
+// Chain of thieves: an attempt or lease that is robbed while it is still
+// waiting for its own victim ends at once but delays its acknowledgement
+// until its own victim has acknowledged or run out, so that the highest
+// thief never proceeds while the first victim may still run.
+//
+// # Waiting
+//
+// A release publishes on the name's channel ({name}:released); waiting
+// Locks subscribe to it (multiplexed on the Locker's pub/sub connections)
+// and retry at once. Polling with jitter ([WithBackoff]), bounded by the
+// holder's remaining PTTL ([locks.HeldError.RetryAfter]), is the fallback
+// for holders that expired without a release.
+//
+// # Where we differ from the spec
+//
+// The source document (shared/specs/priority-redlock-specs.md) is marked
+// unfinished and partly wrong by its author. We implement its intent,
+// differently where it was unsafe:
+//
+//   - Its stolenConsistencyFactor let a thief stop waiting for the victim's
+//     acknowledgement after a fraction of the TTL, and its edge case 2 has
+//     the thief "time out as though the lock was never acquired" while the
+//     victim "proceeds unhindered" — both can leave two holders. We always
+//     wait for the acknowledgement or the victim's provable end of
+//     validity; the factor survives only as the explicit opt-in
+//     [WithUnsafeStolenConsistencyFactor], documented as unsafe.
+//   - Its edge case 3 (victim notified but silent) deadlocks both until the
+//     thief's TTL; here the thief waits at most the victim's remaining
+//     validity, and the victim's own lease ends by then anyway because it
+//     can no longer renew a quorum (the thief holds it).
+//   - Its chain-of-thieves probability argument and the planned auto-tuning
+//     of the wait are not needed: the chain is bounded by each victim's
+//     remaining validity, at most one TTL per link.
+//   - Its "caveat" of a process pausing while it holds a lock is real for
+//     every language: we do not hide it; the lease context ends at its
+//     deadline and fencing tokens let resources refuse a stale holder.
+//   - Fencing tokens, batch renewal, release notifications and semaphores
+//     are not in the spec; they come from the latchkey contract.
+//
+// # Connections
+//
+// The Locker never closes the clients it is given. Give them
+// ContextTimeoutEnabled: true so that a hung master cannot hold a call
+// beyond the step's deadline; without it, the Locker still stops waiting
+// at the deadline, and the client's read timeout ends the call.
 package redlockprio

@@ -1,0 +1,216 @@
+package redlockprio_test
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/latchkey-go/latchkey/contracttest"
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/redlockprio"
+)
+
+const (
+	testTTL   = 600 * time.Millisecond
+	testRenew = 200 * time.Millisecond
+)
+
+// newRedis returns a go-redis client for one master, as the tests use
+// them: calls bounded by their contexts, no retries (a test that kills a
+// master wants to see it fail at once).
+func newRedis(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1,
+		DialTimeout:           time.Second,
+		ReadTimeout:           2 * time.Second,
+		WriteTimeout:          2 * time.Second,
+		PoolSize:              32,
+	})
+}
+
+// harness runs the conformance suite on masters started once per test
+// function (so that their goroutines predate each subtest's leak check).
+type harness struct {
+	addrs []string
+	mu    sync.Mutex
+	made  []*client
+}
+
+type client struct {
+	rcs    []*redis.Client
+	l      *redlockprio.Locker
+	closed sync.Once
+}
+
+func (c *client) Locker() locks.Locker { return c.l }
+func (c *client) Semaphore(_ context.Context, size int) (locks.Semaphore, error) {
+	return c.l.Semaphore(size)
+}
+
+func (c *client) Close() error {
+	var err error
+	c.closed.Do(func() {
+		err = c.l.Close()
+		for _, rc := range c.rcs {
+			_ = rc.Close() // already closed after a Kill
+		}
+	})
+	return err
+}
+
+func newClient(addrs []string, opts ...redlockprio.Option) (*client, error) {
+	c := &client{}
+	var ms []redis.UniversalClient
+	for _, a := range addrs {
+		rc := newRedis(a)
+		c.rcs = append(c.rcs, rc)
+		ms = append(ms, rc)
+	}
+	l, err := redlockprio.New(ms, append([]redlockprio.Option{
+		redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew),
+	}, opts...)...)
+	if err != nil {
+		for _, rc := range c.rcs {
+			_ = rc.Close()
+		}
+		return nil, err
+	}
+	c.l = l
+	return c, nil
+}
+
+func (h *harness) newClient(opts ...redlockprio.Option) (contracttest.Client, error) {
+	c, err := newClient(h.addrs, opts...)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	h.made = append(h.made, c)
+	h.mu.Unlock()
+	return c, nil
+}
+
+func (h *harness) NewClient(context.Context) (contracttest.Client, error) { return h.newClient() }
+
+func (h *harness) NewPriorityClient(_ context.Context, p int) (contracttest.Client, error) {
+	return h.newClient(redlockprio.WithPriority(p))
+}
+
+// Kill closes the client's go-redis clients abruptly: its leases can no
+// longer be renewed nor released, as for a crashed process.
+func (h *harness) Kill(_ context.Context, c contracttest.Client) error {
+	for _, rc := range c.(*client).rcs {
+		_ = rc.Close()
+	}
+	return nil
+}
+
+func (h *harness) Capabilities() contracttest.Capabilities {
+	return contracttest.Capabilities{
+		Fencing:       true,
+		Semaphore:     true,
+		CrashRecovery: testTTL + 100*time.Millisecond,
+		LossDetection: 2 * testRenew,
+		InvalidNames:  []string{"bad\x00name", string([]byte{0xff}), "has{brace", "has}brace"},
+	}
+}
+
+func (h *harness) Close() error {
+	h.mu.Lock()
+	made := h.made
+	h.made = nil
+	h.mu.Unlock()
+	for _, c := range made {
+		_ = c.Close()
+	}
+	return nil
+}
+
+// Revoke deletes the name's keys on every master, as an administrator
+// would.
+func (h *harness) Revoke(ctx context.Context, name string) error {
+	for _, a := range h.addrs {
+		rc := newRedis(a)
+		var keys []string
+		for s := 1; s <= 8; s++ {
+			keys = append(keys, "latchkey:{"+name+"}:"+strconv.Itoa(s))
+		}
+		err := rc.Del(ctx, keys...).Err()
+		_ = rc.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *harness) InvalidOptions(context.Context) []error {
+	rc := newRedis(h.addrs[0])
+	defer rc.Close()
+	ms := []redis.UniversalClient{rc}
+	var errs []error
+	for _, opts := range [][]redlockprio.Option{
+		{redlockprio.WithTTL(0)},
+		{redlockprio.WithTTL(-time.Second)},
+		{redlockprio.WithRenewInterval(0)},
+		{redlockprio.WithTTL(time.Second), redlockprio.WithRenewInterval(2 * time.Second)},
+		{redlockprio.WithDriftFactor(1)},
+		{redlockprio.WithDriftFactor(-0.1)},
+		{redlockprio.WithDriftFactor(math.NaN())},
+		{redlockprio.WithPriority(math.MaxInt32 + 1)},
+		{redlockprio.WithBackoff(locks.Backoff{Min: time.Second, Max: time.Millisecond})},
+		{redlockprio.WithHolderID("")},
+		{redlockprio.WithHolderID("a|b")},
+		{redlockprio.WithKeyPrefix("x{")},
+		{redlockprio.WithUnsafeStolenConsistencyFactor(1.5)},
+		{redlockprio.WithUnsafeStolenConsistencyFactor(-1)},
+	} {
+		_, err := redlockprio.New(ms, opts...)
+		errs = append(errs, err)
+	}
+	for _, bad := range [][]redis.UniversalClient{nil, {nil}, {(*redis.Client)(nil)}, {rc, rc}} {
+		_, err := redlockprio.New(bad)
+		errs = append(errs, err)
+	}
+	l, err := redlockprio.New(ms)
+	if err == nil {
+		_, err = l.Semaphore(0)
+		errs = append(errs, err)
+		_ = l.Close()
+	}
+	return errs
+}
+
+func runConformance(t *testing.T, n int) {
+	servers := testenv.StartRedis(t, n)
+	var addrs []string
+	for _, s := range servers {
+		addrs = append(addrs, s.Addr())
+	}
+	contracttest.RunConformanceTests(t, func(context.Context, testing.TB) (contracttest.Harness, error) {
+		return &harness{addrs: addrs}, nil
+	})
+}
+
+func TestConformance1(t *testing.T) { runConformance(t, 1) }
+func TestConformance3(t *testing.T) { runConformance(t, 3) }
+func TestConformance5(t *testing.T) { runConformance(t, 5) }
+
+func runBenchmarks(b *testing.B, n int) {
+	addrs := addrsOf(testenv.StartRedis(b, n))
+	contracttest.RunBenchmarks(b, func(context.Context, testing.TB) (contracttest.Harness, error) {
+		return &harness{addrs: addrs}, nil
+	})
+}
+
+func BenchmarkRedlockprio1(b *testing.B) { runBenchmarks(b, 1) }
+func BenchmarkRedlockprio3(b *testing.B) { runBenchmarks(b, 3) }
+func BenchmarkRedlockprio5(b *testing.B) { runBenchmarks(b, 5) }

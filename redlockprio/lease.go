@@ -1,0 +1,536 @@
+package redlockprio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// Lease is a lock or semaphore slot held on a quorum of the masters. It
+// implements [locks.Lease] and [locks.SlotLease]; its methods are safe for
+// concurrent use.
+//
+// Its context ends with [locks.ErrReleased] after Release; with an error
+// matching [locks.ErrPreempted] (and [locks.ErrLost]) when a higher
+// priority took it; with an error matching [locks.ErrLost] when a quorum
+// could not be renewed before its validity ran out (the lease ends one
+// renewal interval before that deadline at the latest), when an
+// administrator deleted its keys, or when its Locker was closed.
+type Lease struct {
+	l       *Locker
+	name    string
+	slot    int // from 1
+	size    int
+	id      string // random holder id stored at the masters
+	key     string
+	fence   string
+	settled chan struct{} // closed once notices about this attempt may be acknowledged
+
+	// Guarded by l.mu.
+	base      *locks.BaseLease // nil while the attempt is in flight
+	token     uint64
+	robbed    error // set when a thief's notice arrived
+	waitOver  bool  // the wait for this thief's victims is over
+	abandoned bool  // Lock gave up waiting for the victims: release when over
+}
+
+var _ locks.SlotLease = (*Lease)(nil)
+
+// Name returns the name the lease was acquired on.
+func (e *Lease) Name() string { return e.name }
+
+// Context returns the context that ends with the lease; see [Lease].
+func (e *Lease) Context() context.Context { return e.base.Context() }
+
+// Token returns the lease's fencing token: strictly greater for every
+// later holder of the name (see the package doc for the argument and its
+// limits).
+func (e *Lease) Token() uint64 { return e.base.Token() }
+
+// Slot returns the semaphore slot, from 1; a lock's lease is slot 1.
+func (e *Lease) Slot() int { return e.slot }
+
+// Deadline returns the end of the validity the lease can currently prove
+// from the local monotonic clock; renewals move it.
+func (e *Lease) Deadline() time.Time { return e.base.Deadline() }
+
+// HolderID returns the random id under which the masters store the lease.
+func (e *Lease) HolderID() string { return e.id }
+
+// Release ends the lease and deletes its keys on every master where they
+// are still its own; see [locks.Lease.Release]. It returns a
+// [*QuorumError] when fewer than a quorum of masters answered (the keys
+// left behind expire after the TTL).
+func (e *Lease) Release(ctx context.Context) error { return e.base.Release(ctx) }
+
+// release deletes the lease's keys at the masters; it is the BaseLease's
+// Release hook.
+func (e *Lease) release(ctx context.Context) error {
+	l := e.l
+	l.forget(e)
+	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
+		return runScript(ctx, releaseScript, m.c, []string{e.key, e.fence}, e.id, e.tokenValue(), l.relChannel(e.name))
+	}, nil)
+	answered, errs := tally(rs)
+	if answered < l.quorum {
+		return &QuorumError{Got: answered, Need: l.quorum, Errs: errs}
+	}
+	return nil
+}
+
+func (e *Lease) tokenValue() uint64 {
+	e.l.mu.Lock()
+	defer e.l.mu.Unlock()
+	return e.token
+}
+
+// forget drops e from the registry.
+func (l *Locker) forget(e *Lease) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.entries[e.id] == e {
+		delete(l.entries, e.id)
+	}
+}
+
+func tally(rs []result) (answered int, errs []error) {
+	for _, r := range rs {
+		if r.err != nil {
+			errs = append(errs, r.err)
+		} else {
+			answered++
+		}
+	}
+	return answered, errs
+}
+
+// grant is one master's answer to the acquire script.
+type grant struct {
+	m       *master
+	status  int64 // 0 held, 1 free slot taken, 2 slot taken from a lower priority
+	slot    int
+	counter uint64
+	holder  string // held: a holder's id; theft: the victim's id
+	vprio   int64
+	pttl    time.Duration
+	vinbox  string
+	at      time.Time // when the answer arrived
+}
+
+func parseGrant(r result) (grant, error) {
+	g := grant{m: r.m}
+	vals, ok := r.val.([]any)
+	if !ok || len(vals) < 3 {
+		return g, fmt.Errorf("redlockprio: unexpected acquire reply %v", r.val)
+	}
+	num := func(i int) int64 {
+		if i < len(vals) {
+			n, _ := vals[i].(int64)
+			return n
+		}
+		return 0
+	}
+	str := func(i int) string {
+		if i < len(vals) {
+			s, _ := vals[i].(string)
+			return s
+		}
+		return ""
+	}
+	g.status, g.slot, g.counter = num(0), int(num(1)), uint64(max(num(2), 0))
+	switch g.status {
+	case 0:
+		g.holder, g.pttl = str(3), time.Duration(num(4))*time.Millisecond
+	case 2:
+		g.holder, g.vprio, g.pttl, g.vinbox = str(3), num(4), time.Duration(num(5))*time.Millisecond, str(6)
+	}
+	return g, nil
+}
+
+// acquire makes one attempt at a slot of name among size slots. On
+// failure it holds nothing; floor carries the largest fence counter seen
+// from one attempt to the next.
+func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint64) (locks.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := l.subscribeInbox(ctx); err != nil {
+		return nil, err
+	}
+	e := &Lease{
+		l: l, name: name, size: size,
+		id:      l.id + ":" + randomID(12),
+		fence:   l.fenceKey(name),
+		settled: make(chan struct{}),
+	}
+	l.mu.Lock()
+	if l.closing {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("redlockprio: %q: %w", name, locks.ErrClosed)
+	}
+	l.entries[e.id] = e // from now on a thief's notice finds the attempt
+	l.mu.Unlock()
+
+	keys := make([]string, 0, size+1)
+	keys = append(keys, e.fence)
+	for s := 1; s <= size; s++ {
+		keys = append(keys, l.key(name, s))
+	}
+	first := 0
+	if size > 1 {
+		first = rand.IntN(size)
+	}
+	ttlMS := l.o.ttl.Milliseconds()
+	start := time.Now()
+	// Calls still running when the outcome is decided go on until this
+	// deadline, so that the key (and counter) lands on every master.
+	rctx, cancel := context.WithDeadline(ctx, start.Add(l.o.ttl/2))
+	_ = context.AfterFunc(rctx, cancel) // frees rctx at its deadline
+	decided := func(rs []result) bool {
+		if size > 1 {
+			return false // wait for all: masters may pick different slots
+		}
+		n := 0
+		for _, r := range rs {
+			if r.err == nil {
+				if v, ok := r.val.([]any); ok && len(v) > 0 && v[0] != int64(0) {
+					n++
+				}
+			}
+		}
+		return n >= l.quorum
+	}
+	fl := *floor
+	rs := l.fanout(rctx, l.masters, func(ctx context.Context, m *master) (any, error) {
+		return runScript(ctx, acquireScript, m.c, keys, e.id, ttlMS, l.o.priority, l.inbox, fl, first)
+	}, decided)
+
+	// Sort the answers out.
+	var (
+		grants  []grant
+		held    []grant
+		errs    []error
+		unknown []*master // may have granted: release there too
+		bySlot  = map[int][]grant{}
+	)
+	for _, r := range rs {
+		if r.err == nil {
+			g, err := parseGrant(r)
+			if err != nil {
+				r.err = &masterError{index: r.m.index, addr: r.m.addr, err: err}
+			} else {
+				g.at = time.Now()
+				*floor = max(*floor, g.counter)
+				if g.status == 0 {
+					held = append(held, g)
+				} else {
+					grants = append(grants, g)
+					bySlot[g.slot] = append(bySlot[g.slot], g)
+				}
+				continue
+			}
+		}
+		errs = append(errs, r.err)
+		if !isClosed(r.err) {
+			unknown = append(unknown, r.m)
+		}
+	}
+	best := 0
+	for s, gs := range bySlot {
+		if len(gs) > len(bySlot[best]) || len(gs) == len(bySlot[best]) && s < best {
+			best = s
+		}
+	}
+	won := bySlot[best]
+
+	fail := func(err error) (locks.Lease, error) {
+		var ms []*master
+		for _, g := range grants {
+			ms = append(ms, g.m)
+		}
+		l.abort(ctx, e, append(ms, unknown...))
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, fmt.Errorf("redlockprio: lock %q: %w", name, cerr)
+		}
+		return nil, err
+	}
+	if len(won) < l.quorum {
+		if answered := len(grants) + len(held); answered < l.quorum {
+			return fail(&QuorumError{Got: answered, Need: l.quorum, Errs: errs})
+		}
+		return fail(heldError(name, held, errors.Join(errs...)))
+	}
+	// Other slots granted by a minority are not ours to keep.
+	extra := map[*master]int{}
+	var extraMs []*master
+	for s, gs := range bySlot {
+		if s != best {
+			for _, g := range gs {
+				extra[g.m] = s
+				extraMs = append(extraMs, g.m)
+			}
+		}
+	}
+
+	// The token: the largest counter of the granting masters, which must
+	// then be on a quorum of masters before anyone may use it.
+	var token uint64
+	for _, g := range won {
+		token = max(token, g.counter)
+	}
+	atToken := 0
+	var lower []*master
+	for _, m := range l.masters {
+		found := false
+		for _, g := range won {
+			if g.m == m && g.counter >= token {
+				atToken++
+				found = true
+			}
+		}
+		if !found {
+			lower = append(lower, m)
+		}
+	}
+	raise := func(ctx context.Context, m *master) (any, error) {
+		return runScript(ctx, raiseScript, m.c, []string{e.fence}, token)
+	}
+	if atToken < l.quorum {
+		need := l.quorum - atToken
+		wrs := l.fanout(rctx, lower, raise, func(rs []result) bool {
+			n := 0
+			for _, r := range rs {
+				if v, ok := r.val.(int64); r.err == nil && ok && uint64(v) >= token {
+					n++
+				}
+			}
+			return n >= need
+		})
+		for _, r := range wrs {
+			if n, ok := r.val.(int64); r.err == nil && ok && uint64(n) >= token {
+				atToken++
+			} else if r.err != nil {
+				errs = append(errs, r.err)
+			}
+		}
+		if atToken < l.quorum {
+			return fail(&QuorumError{Got: atToken, Need: l.quorum, Errs: errs})
+		}
+	} else if len(lower) > 0 {
+		// Not needed for this grant, but it keeps the token on more than a
+		// bare quorum, so that a master restarting empty later does not
+		// take the last copy with it.
+		l.goTracked(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), l.o.ttl/2)
+			defer cancel()
+			l.fanout(ctx, lower, raise, nil)
+		})
+	}
+
+	deadline := l.deadlineFor(start)
+	if !time.Now().Before(deadline) {
+		return fail(&locks.HeldError{Name: name, Err: fmt.Errorf("redlockprio: acquiring took longer than the validity (TTL %v)", l.o.ttl)})
+	}
+	e.slot = best
+	e.key = l.key(name, best)
+	if len(extraMs) > 0 {
+		rel, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
+		l.fanout(rel, extraMs, func(ctx context.Context, m *master) (any, error) {
+			return runScript(ctx, releaseScript, m.c, []string{l.key(name, extra[m]), e.fence}, e.id, 0, "")
+		}, nil)
+		cancel()
+	}
+	spec := locks.LeaseSpec{Name: name, Token: token, Deadline: deadline, Release: e.release}
+	if size > 1 {
+		spec.Slot = best
+	}
+	base := locks.NewBaseLease(ctx, spec)
+
+	// Victims to tell, with how long each may still believe it holds.
+	type victim struct {
+		inbox string
+		until time.Time
+	}
+	victims := map[string]*victim{}
+	for _, g := range won {
+		if g.status != 2 || g.holder == "" {
+			continue
+		}
+		until := g.at.Add(g.pttl + l.drift)
+		if v := victims[g.holder]; v == nil {
+			victims[g.holder] = &victim{inbox: g.vinbox, until: until}
+		} else if until.After(v.until) {
+			v.until = until
+		}
+	}
+
+	l.mu.Lock()
+	robbed := e.robbed
+	closing := l.closing
+	if robbed == nil && !closing {
+		e.base, e.token = base, token
+		l.startRenewerLocked()
+	}
+	acks := map[string]chan struct{}{}
+	if robbed == nil && !closing {
+		for id := range victims {
+			ch := l.acks[id]
+			if ch == nil {
+				ch = make(chan struct{})
+				l.acks[id] = ch
+			}
+			acks[id] = ch
+		}
+	}
+	l.mu.Unlock()
+	if robbed != nil || closing {
+		base.End(locks.Lost(errors.New("redlockprio: preempted while acquiring")))
+		if len(victims) > 0 {
+			// Someone may still run under the victim's lease; keep the
+			// keys until it has provably stopped.
+			var until time.Time
+			for _, v := range victims {
+				until = later(until, v.until)
+			}
+			l.goTracked(func() {
+				sleepUntil(l.done, until)
+				l.abort(context.Background(), e, l.masters)
+			})
+		} else {
+			l.abort(ctx, e, l.masters)
+		}
+		if closing {
+			return nil, fmt.Errorf("redlockprio: %q: %w", name, locks.ErrClosed)
+		}
+		return nil, &locks.HeldError{Name: name, Err: robbed}
+	}
+	if len(victims) == 0 {
+		close(e.settled)
+		return e, nil
+	}
+
+	// A theft: tell each victim and wait for its acknowledgement or the end
+	// of its validity, whichever comes first.
+	cutoff := time.Time{}
+	if l.o.unsafeSteal >= 0 {
+		cutoff = start.Add(time.Duration(l.o.unsafeSteal * float64(l.o.ttl)))
+	}
+	desc := fmt.Sprintf("%s with priority %d", l.id, l.o.priority)
+	for id, v := range victims {
+		l.publish(v.inbox, "N|"+id+"|"+l.inbox+"|"+strings.ReplaceAll(desc, "|", "/"))
+	}
+	started := l.goTracked(func() {
+		for id, v := range victims {
+			until := v.until
+			if !cutoff.IsZero() && cutoff.Before(until) {
+				until = cutoff
+			}
+			t := time.NewTimer(time.Until(until))
+			select {
+			case <-acks[id]:
+			case <-t.C:
+			case <-l.done:
+			}
+			t.Stop()
+		}
+		l.mu.Lock()
+		for id, ch := range acks {
+			if l.acks[id] == ch {
+				delete(l.acks, id)
+			}
+		}
+		e.waitOver = true
+		abandoned := e.abandoned
+		close(e.settled)
+		l.mu.Unlock()
+		if abandoned {
+			_ = base.Release(context.Background())
+		}
+	})
+	if !started {
+		close(e.settled)
+		_ = base.Release(context.Background())
+		return nil, fmt.Errorf("redlockprio: %q: %w", name, locks.ErrClosed)
+	}
+	select {
+	case <-e.settled:
+	case <-ctx.Done():
+		l.mu.Lock()
+		over := e.waitOver
+		e.abandoned = !over
+		l.mu.Unlock()
+		if over {
+			_ = base.Release(context.WithoutCancel(ctx))
+		}
+		return nil, fmt.Errorf("redlockprio: lock %q: waiting for the displaced holder: %w", name, ctx.Err())
+	}
+	if !base.Live() {
+		cause := context.Cause(base.Context())
+		_ = base.Release(context.WithoutCancel(ctx))
+		return nil, &locks.HeldError{Name: name, Err: cause}
+	}
+	return e, nil
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// sleepUntil sleeps until t or until done is closed.
+func sleepUntil(done <-chan struct{}, t time.Time) {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+	case <-done:
+	}
+}
+
+func heldError(name string, held []grant, err error) error {
+	he := &locks.HeldError{Name: name, Err: err}
+	for _, g := range held {
+		if g.pttl > 0 && (he.RetryAfter == 0 || g.pttl < he.RetryAfter) {
+			he.RetryAfter = g.pttl
+			he.Holder = g.holder
+		}
+	}
+	if he.RetryAfter == 0 {
+		he.RetryAfter = 5 * time.Millisecond // split votes: retry soon
+	}
+	return he
+}
+
+// abort forgets a failed attempt and deletes whatever it got on ms.
+func (l *Locker) abort(ctx context.Context, e *Lease, ms []*master) {
+	l.forget(e)
+	select {
+	case <-e.settled:
+	default:
+		close(e.settled)
+	}
+	if len(ms) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
+	defer cancel()
+	var keys []string
+	for s := 1; s <= e.size; s++ {
+		keys = append(keys, l.key(e.name, s))
+	}
+	l.fanout(ctx, ms, func(ctx context.Context, m *master) (any, error) {
+		for _, k := range keys {
+			if _, err := runScript(ctx, releaseScript, m.c, []string{k, e.fence}, e.id, 0, ""); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
+	}, nil)
+}

@@ -1,0 +1,149 @@
+package redlockprio
+
+import (
+	"math"
+	"strings"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// driftConstant is added to TTL·driftFactor to allow for the masters'
+// expiry resolution and the Go runtime's timer granularity.
+const driftConstant = 2 * time.Millisecond
+
+type options struct {
+	ttl         time.Duration
+	renew       time.Duration
+	drift       float64
+	priority    int
+	backoff     locks.Backoff
+	holderID    string
+	prefix      string
+	unsafeSteal float64 // < 0: disabled (the safe default)
+}
+
+func defaults() options {
+	return options{
+		ttl:         10 * time.Second,
+		drift:       0.01,
+		backoff:     locks.DefaultBackoff,
+		prefix:      "latchkey:",
+		unsafeSteal: -1,
+	}
+}
+
+// driftFor is the clock drift allowance for a lease of the options' TTL.
+func (o *options) driftFor() time.Duration {
+	return time.Duration(float64(o.ttl)*o.drift) + driftConstant
+}
+
+// Option configures a [Locker]; see [New].
+type Option func(*options) error
+
+// WithTTL sets how long each master keeps a key that its holder stopped
+// renewing (after a crash, say), and so the longest a dead holder blocks a
+// name. A lease is valid for the TTL minus the time the acquisition took
+// minus the drift allowance ([WithDriftFactor]); it is renewed in the
+// background. The default is 10s.
+func WithTTL(d time.Duration) Option {
+	return func(o *options) error {
+		o.ttl = d
+		return locks.Positive("TTL", d)
+	}
+}
+
+// WithRenewInterval sets how often held leases are renewed, all of a
+// Locker's leases in one batch; it must be shorter than the TTL. The
+// default is a third of the TTL.
+func WithRenewInterval(d time.Duration) Option {
+	return func(o *options) error {
+		o.renew = d
+		return locks.Positive("renew interval", d)
+	}
+}
+
+// WithDriftFactor sets the fraction of the TTL subtracted from each
+// lease's validity to allow for clocks that run at different rates on the
+// client and the masters (2ms more are always subtracted). It must be in
+// [0, 1). The default is 0.01.
+func WithDriftFactor(f float64) Option {
+	return func(o *options) error {
+		o.drift = f
+		return locks.Fraction("drift factor", f)
+	}
+}
+
+// WithPriority sets the priority of the Locker's requests: a request takes
+// a name from a holder of strictly lower priority, whose lease then ends
+// with [locks.ErrPreempted]. Equal priorities never take from each other.
+// The priority must be within the range of an int32. The default is 0.
+func WithPriority(p int) Option {
+	return func(o *options) error {
+		o.priority = p
+		if p < math.MinInt32 || p > math.MaxInt32 {
+			return locks.InvalidOption("priority must be within [%d, %d], got %d", math.MinInt32, math.MaxInt32, p)
+		}
+		return nil
+	}
+}
+
+// WithBackoff sets the polling schedule of a waiting Lock or Acquire, the
+// fallback when no release notification wakes it (a holder that expired).
+// The default is [locks.DefaultBackoff].
+func WithBackoff(b locks.Backoff) Option {
+	return func(o *options) error {
+		o.backoff = b
+		return b.Check()
+	}
+}
+
+// WithHolderID sets the readable part of the Locker's holder identity, as
+// reported in [locks.HeldError.Holder] and stored at the masters (a host
+// name and process id, say). Each lease still gets its own random id, so
+// that two leases never pass for one another. The id must be 1 to 200
+// printable bytes without '|'. The default is a random id.
+func WithHolderID(id string) Option {
+	return func(o *options) error {
+		o.holderID = id
+		if id == "" || len(id) > 200 || strings.ContainsAny(id, "|{}") || strings.IndexFunc(id, isControl) >= 0 {
+			return locks.InvalidOption("holder id must be 1 to 200 printable bytes without '|', '{' or '}', got %q", id)
+		}
+		return nil
+	}
+}
+
+// WithKeyPrefix sets the prefix of every key and channel name the Locker
+// uses at the masters. Lockers that should contend must use the same
+// prefix. It must not contain '{' or '}'. The default is "latchkey:".
+func WithKeyPrefix(p string) Option {
+	return func(o *options) error {
+		o.prefix = p
+		if strings.ContainsAny(p, "{}") || strings.IndexFunc(p, isControl) >= 0 {
+			return locks.InvalidOption("key prefix must not contain '{', '}' or control characters, got %q", p)
+		}
+		return nil
+	}
+}
+
+// WithUnsafeStolenConsistencyFactor is the spec's "stolenConsistencyFactor",
+// kept as an explicit opt-in because it is UNSAFE: a thief that displaced a
+// holder stops waiting for the victim's acknowledgement after f·TTL
+// (0 ≤ f ≤ 1; 0 means it does not wait at all) instead of waiting until
+// the victim's remaining validity has provably run out. With it, a victim
+// that is alive but did not hear of the theft (a partition, a paused
+// process) may still be in its critical section when the thief's Lock
+// returns: mutual exclusion then rests on fencing tokens alone. The
+// default is off: a thief waits for the acknowledgement or the victim's
+// validity, whichever comes first.
+func WithUnsafeStolenConsistencyFactor(f float64) Option {
+	return func(o *options) error {
+		o.unsafeSteal = f
+		if !(f >= 0 && f <= 1) {
+			return locks.InvalidOption("stolen consistency factor must be in [0, 1], got %v", f)
+		}
+		return nil
+	}
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }

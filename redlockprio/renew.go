@@ -1,0 +1,187 @@
+package redlockprio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// startRenewerLocked starts the Locker's one renewal goroutine unless it
+// runs already. l.mu must be held.
+func (l *Locker) startRenewerLocked() {
+	if l.renewing || l.closed {
+		return
+	}
+	l.renewing = true
+	l.wg.Go(l.renewLoop)
+}
+
+// renewLoop renews every held lease once per renewal interval, in one
+// pipelined round trip per master, and exits when no lease is held or the
+// Locker closes.
+func (l *Locker) renewLoop() {
+	t := time.NewTicker(l.o.renew)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.done:
+			l.mu.Lock()
+			l.renewing = false
+			l.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		var batch []*Lease
+		for id, e := range l.entries {
+			if e.base == nil {
+				continue // an attempt in flight
+			}
+			if !e.base.Live() {
+				select {
+				case <-e.settled:
+					delete(l.entries, id)
+				default:
+				}
+				continue
+			}
+			batch = append(batch, e)
+		}
+		if len(batch) == 0 {
+			l.renewing = false
+			l.mu.Unlock()
+			return
+		}
+		tokens := make([]uint64, len(batch))
+		for i, e := range batch {
+			tokens[i] = e.token
+		}
+		l.mu.Unlock()
+		l.renewBatch(batch, tokens)
+	}
+}
+
+// renewal is one master's answer for one lease: 1 extended, 0 gone,
+// -1 taken by a higher priority, or an error.
+type renewal struct {
+	code int64
+	err  error
+}
+
+func (l *Locker) renewBatch(batch []*Lease, tokens []uint64) {
+	start := time.Now()
+	// A slow round (a large batch, a loaded master) may take longer than
+	// the interval: allow it until the earliest validity in the batch.
+	var earliest time.Time
+	for _, e := range batch {
+		if dl := e.base.Deadline(); earliest.IsZero() || dl.Before(earliest) {
+			earliest = dl
+		}
+	}
+	// but leave time to end the leases before their deadline if it fails.
+	limit := later(start.Add(l.o.renew), earliest.Add(-l.o.renew-l.drift))
+	ctx, cancel := context.WithDeadline(context.Background(), limit)
+	defer cancel()
+	ttlMS := l.o.ttl.Milliseconds()
+	// Decide as soon as every lease has a quorum of extensions; a dead or
+	// hung minority does not hold the tick up.
+	allRenewed := func(rs []result) bool {
+		for i := range batch {
+			n := 0
+			for _, r := range rs {
+				if r.err == nil && r.val.([]renewal)[i].code == 1 && r.val.([]renewal)[i].err == nil {
+					n++
+				}
+			}
+			if n < l.quorum {
+				return false
+			}
+		}
+		return true
+	}
+	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
+		return renewPipeline(ctx, m.c, batch, tokens, ttlMS)
+	}, allRenewed)
+	deadline := l.deadlineFor(start)
+	for i, e := range batch {
+		ok, pre, gone := 0, 0, 0
+		closed := 0
+		var errs []error
+		for _, r := range rs {
+			var rn renewal
+			if r.err != nil {
+				rn.err = r.err
+			} else {
+				rn = r.val.([]renewal)[i]
+				if rn.err != nil {
+					rn.err = &masterError{index: r.m.index, addr: r.m.addr, err: rn.err}
+				}
+			}
+			switch {
+			case rn.err != nil:
+				errs = append(errs, rn.err)
+				if isClosed(rn.err) {
+					closed++
+				}
+			case rn.code == 1:
+				ok++
+			case rn.code == -1:
+				pre++
+			default:
+				gone++
+			}
+		}
+		unknown := len(errs) - closed
+		switch {
+		case ok >= l.quorum:
+			e.base.Extend(deadline)
+		case ok+unknown < l.quorum && pre > 0:
+			e.base.End(locks.Preempted(fmt.Errorf("redlockprio: %q taken by a higher priority on %d masters", e.name, pre)))
+		case ok+unknown < l.quorum:
+			e.base.End(locks.Lost(fmt.Errorf("redlockprio: %q: keys gone or taken on %d masters: %w", e.name, gone+pre+closed,
+				&QuorumError{Got: ok, Need: l.quorum, Errs: errs})))
+		case time.Until(e.base.Deadline()) < l.o.renew+l.drift:
+			// The next tick could come too late: give up now, before the
+			// validity runs out.
+			e.base.End(locks.Lost(fmt.Errorf("redlockprio: %q: renewal failed: %w", e.name,
+				&QuorumError{Got: ok, Need: l.quorum, Errs: errs})))
+		}
+	}
+}
+
+// renewPipeline sends the renew script for every lease of the batch to
+// one master in one pipeline, loading the script and retrying once on
+// NOSCRIPT.
+func renewPipeline(ctx context.Context, c redis.UniversalClient, batch []*Lease, tokens []uint64, ttlMS int64) ([]renewal, error) {
+	out := make([]renewal, len(batch))
+	for try := 0; ; try++ {
+		pipe := c.Pipeline()
+		cmds := make([]*redis.Cmd, len(batch))
+		for i, e := range batch {
+			cmds[i] = renewScript.EvalSha(ctx, pipe, []string{e.key, e.fence}, e.id, ttlMS, tokens[i])
+		}
+		_, err := pipe.Exec(ctx)
+		if err != nil && ctx.Err() != nil {
+			return nil, err
+		}
+		noscript := false
+		for i, cmd := range cmds {
+			n, err := cmd.Int64()
+			if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				noscript = true
+			}
+			out[i] = renewal{code: n, err: err}
+		}
+		if !noscript || try > 0 {
+			return out, nil
+		}
+		if err := renewScript.Load(ctx, c).Err(); err != nil {
+			return nil, errors.Join(errors.New("loading the renew script"), err)
+		}
+	}
+}

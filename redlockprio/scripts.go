@@ -1,0 +1,119 @@
+package redlockprio
+
+import (
+	"github.com/redis/go-redis/v9"
+)
+
+// Each step on a master is one of these scripts, run by SHA (EVALSHA,
+// falling back to EVAL, which also loads it, on NOSCRIPT). Every key a
+// script touches carries the name's hash tag, so a master may be a Redis
+// Cluster.
+//
+// A slot key is a hash: id (the lease's random holder id), p (priority),
+// ch (the holder's inbox channel) and, after a theft, from (the id of the
+// holder it displaced). The fence key is the name's counter; it never
+// expires and only grows.
+
+// acquireScript takes one slot of a name on this master.
+//
+// KEYS[1] is the fence counter, KEYS[2..] the slot keys in slot order.
+// ARGV: id, ttl ms, priority, inbox, fence floor, first slot to try (from 0).
+//
+// It takes the first free slot trying from the given one; failing that,
+// the slot of the lowest priority below the caller's (stealing it). On a
+// grant it raises the counter to at least the floor, increments it and
+// returns {1, slot, counter} for a free slot, or {2, slot, counter,
+// victim id, victim priority, victim pttl, victim inbox} for a theft.
+// When every slot is held it returns {0, 0, counter, holder id, smallest
+// pttl}.
+var acquireScript = redis.NewScript(`
+local id, ttl, prio, inbox = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local floor, first = tonumber(ARGV[5]), tonumber(ARGV[6])
+local n = #KEYS - 1
+local function fence()
+  local c = tonumber(redis.call('GET', KEYS[1]) or '0')
+  if c < floor then c = floor end
+  c = c + 1
+  redis.call('SET', KEYS[1], c)
+  return c
+end
+local victim, vprio = 0, 0
+for j = 0, n - 1 do
+  local i = (first + j) % n + 2
+  local h = redis.call('HMGET', KEYS[i], 'id', 'p')
+  if h[1] == id then -- a retried call that had already granted
+    return {1, i - 1, tonumber(redis.call('GET', KEYS[1]) or '0')}
+  end
+  if not h[1] then
+    redis.call('HSET', KEYS[i], 'id', id, 'p', prio, 'ch', inbox)
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    return {1, i - 1, fence()}
+  end
+  local p = tonumber(h[2]) or 0
+  if p < prio and (victim == 0 or p < vprio) then victim, vprio = i, p end
+end
+if victim > 0 then
+  local k = KEYS[victim]
+  local old = redis.call('HMGET', k, 'id', 'p', 'ch')
+  local pttl = redis.call('PTTL', k)
+  redis.call('DEL', k)
+  redis.call('HSET', k, 'id', id, 'p', prio, 'ch', inbox, 'from', old[1])
+  redis.call('PEXPIRE', k, ttl)
+  return {2, victim - 1, fence(), old[1], vprio, pttl, old[3] or ''}
+end
+local holder, minp = '', -1
+for i = 2, #KEYS do
+  local t = redis.call('PTTL', KEYS[i])
+  if minp < 0 or t < minp then
+    minp = t
+    holder = redis.call('HGET', KEYS[i], 'id') or ''
+  end
+end
+return {0, 0, tonumber(redis.call('GET', KEYS[1]) or '0'), holder, minp}
+`)
+
+// renewScript extends one slot key if it is still the caller's.
+//
+// KEYS[1] is the slot key, KEYS[2] the fence counter. ARGV: id, ttl ms,
+// token. It first raises the counter to the lease's token (so that the
+// token reaches every master it can), then returns 1 when the key was
+// extended, -1 when a higher priority took it from this id, 0 when it is
+// gone or someone else's.
+var renewScript = redis.NewScript(`
+local tok = tonumber(ARGV[3])
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tok then redis.call('SET', KEYS[2], tok) end
+local h = redis.call('HMGET', KEYS[1], 'id', 'from')
+if h[1] == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if h[2] == ARGV[1] then return -1 end
+return 0
+`)
+
+// releaseScript deletes one slot key if it is still the caller's and then
+// tells the name's waiters.
+//
+// KEYS[1] is the slot key, KEYS[2] the fence counter. ARGV: id, token,
+// release channel ("" for none: a failed attempt tells nobody, so that
+// waiters do not wake each other in a loop). It raises the counter to the token, like renewScript.
+// It returns 1 when it deleted the key, 0 otherwise.
+var releaseScript = redis.NewScript(`
+local tok = tonumber(ARGV[2])
+if tok > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') < tok then redis.call('SET', KEYS[2], tok) end
+if redis.call('HGET', KEYS[1], 'id') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], '1') end
+  return 1
+end
+return 0
+`)
+
+// raiseScript raises the fence counter KEYS[1] to at least ARGV[1] and
+// returns its value.
+var raiseScript = redis.NewScript(`
+local c = tonumber(redis.call('GET', KEYS[1]) or '0')
+local tok = tonumber(ARGV[1])
+if c < tok then redis.call('SET', KEYS[1], tok); c = tok end
+return c
+`)
