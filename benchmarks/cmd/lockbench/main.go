@@ -1,0 +1,254 @@
+// Command lockbench measures the latchkey lock backends side by side with
+// peer libraries and the brokers' raw floors, in one process and one run,
+// and prints one table (optionally also JSON and an SVG chart).
+//
+// Usage:
+//
+//	lockbench [flags]
+//
+// From the repository root:
+//
+//	go run ./benchmarks/cmd/lockbench --duration 2s --json out.json --svg out.svg
+//	go run ./benchmarks/cmd/lockbench --only 'redlockprio/*,redsync/*,redislock,floor/redis' --scenarios uncontended,contended
+//
+// It starts what it needs: NATS always in-process (a single JetStream node
+// and a 3-node cluster), Redis masters from the local redis-server on free
+// loopback ports (or LOCKS_REDIS_ADDRS), and uses the RabbitMQ at
+// LOCKS_AMQP_URL or amqp://guest:guest@127.0.0.1:5672/. Systems whose
+// broker is missing are left out, and the output says which and why.
+// Run lockbench --help for the flags, the systems and the scenarios.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/latchkey-go/latchkey/benchmarks"
+)
+
+const usage = `lockbench measures the latchkey lock backends side by side with peer
+libraries and each broker's raw floor, in one process and one run.
+
+Usage:
+  lockbench [flags]
+
+Examples:
+  go run ./benchmarks/cmd/lockbench --duration 2s --json out.json --svg out.svg
+  go run ./benchmarks/cmd/lockbench --only 'redlockprio/*,redsync/*,redislock,floor/redis'
+  go run ./benchmarks/cmd/lockbench --only natsputex,floor/nats-kv --scenarios uncontended,handoff
+  go run ./benchmarks/cmd/lockbench --list
+
+Scenarios:
+  uncontended  one client, one name: latency of Lock + Release
+  contended    --workers clients on one name, a 100µs critical section each:
+               hand-offs per second (latencies are the waits in Lock)
+  handoff      two clients: time from just before the holder's Release to
+               the moment the blocked waiter's Lock returns (monotonic clock)
+  semaphore    a semaphore of 8 with 7 slots held by other clients: latency
+               of Acquire of the last slot (systems with semaphores only)
+  many         one client holds --leases leases for a few renewal ticks:
+               renewal round trips per second to the masters, per master per
+               tick, and heap per lease (systems with TTL leases only; peers
+               are renewed one lease at a time, as their users must)
+
+Each system runs each scenario for --duration (many: the renewal window).
+The table gives p50/p90/p99, ops/s, and each system's ratio to its floor
+(natsputex to floor/nats-kv, amqpsem to floor/amqp, the Redis systems to
+floor/redis) and to its best peer (redlockprio/Nk to redsync/Nk, and N1 also
+to redislock): p50 ÷ p50 for latency scenarios, ops/s ÷ ops/s for contended
+and many.
+
+Brokers (started or found; loopback only):
+  NATS      embedded nats-server, always (one node and a 3-node cluster)
+  Redis     LOCKS_REDIS_ADDRS (5 independent masters), else 5 redis-server
+            processes started from the PATH on free ports
+  RabbitMQ  LOCKS_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/
+Systems whose broker is missing are left out, and lockbench says why.
+
+Flags:
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("lockbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		only      = fs.String("only", "all", "systems to run: comma-separated names or globs (\"redsync/*\", \"floor/\")")
+		scenarios = fs.String("scenarios", strings.Join(benchmarks.Scenarios(), ","), "scenarios to run, comma-separated")
+		duration  = fs.Duration("duration", 3*time.Second, "how long each system runs each scenario")
+		workers   = fs.Int("workers", 8, "clients in the contended scenario (and acquiring goroutines in many)")
+		leases    = fs.Int("leases", 10000, "leases held in the many scenario")
+		ttl       = fs.Duration("ttl", benchmarks.DefaultTTL, "lease TTL of the systems with TTLs (renewed every third)")
+		jsonOut   = fs.String("json", "", "write the results as JSON to `FILE`")
+		svgOut    = fs.String("svg", "", "write a chart as SVG to `FILE`")
+		list      = fs.Bool("list", false, "list the systems and scenarios, and exit")
+	)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "lockbench: unexpected arguments %q (see --help)\n", fs.Args())
+		return 2
+	}
+	if *list {
+		for _, e := range benchmarks.Systems() {
+			note := ""
+			if e.NotWired != "" {
+				note = "  (not wired: " + e.NotWired + ")"
+			}
+			fmt.Fprintf(stdout, "%-18s %-8s %s%s\n", e.Name, e.Kind, needs(e), note)
+		}
+		fmt.Fprintf(stdout, "scenarios: %s\n", strings.Join(benchmarks.Scenarios(), ", "))
+		return 0
+	}
+	entries, err := benchmarks.Match(*only)
+	if err != nil {
+		fmt.Fprintf(stderr, "lockbench: --only: %v\n", err)
+		return 2
+	}
+	scs, err := pickScenarios(*scenarios)
+	if err != nil {
+		fmt.Fprintf(stderr, "lockbench: --scenarios: %v\n", err)
+		return 2
+	}
+	if *duration <= 0 || *workers < 2 || *leases < 1 || *ttl <= 0 {
+		fmt.Fprintln(stderr, "lockbench: --duration and --ttl must be > 0, --workers >= 2, --leases >= 1")
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
+
+	bk := startBrokers(ctx, entries, logf)
+	defer bk.close()
+	env := bk.env
+	env.TTL = *ttl
+
+	var runnable []benchmarks.Entry
+	var leftOut []benchmarks.Skipped
+	for _, e := range entries {
+		if why, ok := bk.missing[e.Needs]; ok && e.NotWired == "" && (e.Needs != benchmarks.Redis || len(env.Redis) < e.Masters) {
+			leftOut = append(leftOut, benchmarks.Skipped{System: e.Name, Reason: e.Needs.String() + " unavailable: " + why})
+			logf("lockbench: %-18s left out: %s unavailable: %s", e.Name, e.Needs, why)
+			continue
+		}
+		runnable = append(runnable, e)
+	}
+
+	rtt := map[string]int64{}
+	for _, b := range []benchmarks.Broker{benchmarks.NATS, benchmarks.NATSCluster, benchmarks.Redis, benchmarks.AMQP} {
+		if d, err := benchmarks.BrokerRTT(ctx, env, b, 200); err == nil {
+			rtt[b.String()] = int64(d)
+			logf("lockbench: %s round trip p50 %s", b, benchmarks.FormatDuration(d))
+		}
+	}
+
+	p := benchmarks.Params{Duration: *duration, Workers: *workers, Leases: *leases}
+	start := time.Now()
+	rep, runErr := benchmarks.RunAll(ctx, env, runnable, scs, p, stderr)
+	rep.Skipped = append(leftOut, rep.Skipped...)
+	rep.RTT = rtt
+	rep.Machine.Brokers = bk.about
+	rep.Machine.Params = map[string]string{
+		"duration": duration.String(), "workers": fmt.Sprint(*workers), "leases": fmt.Sprint(*leases),
+		"ttl": ttl.String(), "only": *only, "scenarios": strings.Join(scs, ","),
+		"hold": "100µs", "semaphore_size": "8",
+	}
+	logf("lockbench: done in %v", time.Since(start).Round(time.Second))
+
+	code := 0
+	if runErr != nil {
+		fmt.Fprintf(stderr, "lockbench: stopped early: %v\n", runErr)
+		code = 1
+	}
+	fmt.Fprintf(stdout, "lockbench %s on %s (%s, %d CPUs, %s), %s per system and scenario\n\n",
+		rep.Machine.Started.Format(time.RFC3339), rep.Machine.Hostname, rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.GoVersion, *duration)
+	if err := rep.WriteTable(stdout); err != nil {
+		fmt.Fprintf(stderr, "lockbench: %v\n", err)
+		code = 1
+	}
+	for _, out := range []struct {
+		path  string
+		write func(io.Writer) error
+	}{{*jsonOut, rep.WriteJSON}, {*svgOut, rep.WriteSVG}} {
+		if out.path == "" {
+			continue
+		}
+		if err := writeFile(out.path, out.write); err != nil {
+			fmt.Fprintf(stderr, "lockbench: %v\n", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+func needs(e benchmarks.Entry) string {
+	switch {
+	case e.Needs == 0:
+		return "in-process"
+	case e.Needs == benchmarks.Redis:
+		return fmt.Sprintf("%d Redis master(s)", e.Masters)
+	default:
+		return e.Needs.String()
+	}
+}
+
+func pickScenarios(list string) ([]string, error) {
+	known := benchmarks.Scenarios()
+	if strings.TrimSpace(list) == "" || list == "all" {
+		return known, nil
+	}
+	want := map[string]bool{}
+	for s := range strings.SplitSeq(list, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		ok := false
+		for _, k := range known {
+			ok = ok || k == s
+		}
+		if !ok {
+			return nil, fmt.Errorf("unknown scenario %q (scenarios: %s)", s, strings.Join(known, ", "))
+		}
+		want[s] = true
+	}
+	var out []string
+	for _, k := range known { // report order
+		if want[k] {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return f.Close()
+}

@@ -1,0 +1,654 @@
+package benchmarks
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The scenarios, in the order they are reported.
+const (
+	Uncontended = "uncontended" // one client, one name: Lock+Release latency
+	Contended   = "contended"   // Workers clients on one name, Hold inside: hand-offs per second
+	Handoff     = "handoff"     // two clients: from just before Release to the waiter's Lock returning
+	Semaphore   = "semaphore"   // size-1 slots held by other clients: Acquire latency of the last one
+	Many        = "many"        // Leases held by one client: renewal round trips per second, heap per lease
+)
+
+// Scenarios returns the scenario names in report order.
+func Scenarios() []string { return []string{Uncontended, Contended, Handoff, Semaphore, Many} }
+
+// Params sets how a scenario runs. The zero value of a field means its
+// default.
+type Params struct {
+	// Duration bounds the measured part of the run; Ops bounds the number
+	// of measured operations. A run stops at whichever comes first; with
+	// neither set it runs for one second. In the many scenario, Duration
+	// is the renewal window, rounded down to whole renew intervals and at
+	// least three of them, and Ops is ignored.
+	Duration time.Duration
+	Ops      int
+
+	// Workers is how many clients contend in the contended scenario and
+	// how many goroutines acquire in the many scenario. The default is 8.
+	Workers int
+
+	// Hold is the critical section of the contended scenario. The default
+	// is 100µs.
+	Hold time.Duration
+
+	// SemaphoreSize is the semaphore's size in the semaphore scenario;
+	// SemaphoreSize-1 slots are held by other clients throughout. The
+	// default is 8.
+	SemaphoreSize int
+
+	// Leases is how many leases one client holds in the many scenario.
+	// The default is 10,000.
+	Leases int
+
+	// Timeout bounds each single acquire, so that a broken system fails
+	// the run instead of hanging it. The default is 30s.
+	Timeout time.Duration
+}
+
+func (p Params) withDefaults() Params {
+	if p.Duration <= 0 && p.Ops <= 0 {
+		p.Duration = time.Second
+	}
+	if p.Workers <= 0 {
+		p.Workers = 8
+	}
+	if p.Hold <= 0 {
+		p.Hold = 100 * time.Microsecond
+	}
+	if p.SemaphoreSize <= 1 {
+		p.SemaphoreSize = 8
+	}
+	if p.Leases <= 0 {
+		p.Leases = 10000
+	}
+	if p.Timeout <= 0 {
+		p.Timeout = 30 * time.Second
+	}
+	return p
+}
+
+// Result is what one scenario measured on one system. Samples are
+// latencies: Lock+Release (uncontended), the wait in Lock (contended),
+// release-to-holding (handoff), Acquire (semaphore), Lock of each lease
+// (many). Ops is operations per second: Lock+Release cycles (uncontended,
+// semaphore), hand-offs (contended: every acquisition, the lock passing to
+// the next holder, which may be the same client again; handoff: one per
+// cycle, including the settling wait), and for many the renewal round
+// trips per second to all masters together.
+type Result struct {
+	System   string  `json:"system"`
+	Scenario string  `json:"scenario"`
+	Samples  int     `json:"samples"`
+	P50      int64   `json:"p50_ns"`
+	P90      int64   `json:"p90_ns"`
+	P99      int64   `json:"p99_ns"`
+	Ops      float64 `json:"ops_per_s"`
+
+	// Metrics holds scenario-specific figures. contended:
+	// "switches_per_s" (acquisitions by another client than the previous
+	// holder) and "top_client_share" (the busiest client's fraction of
+	// the acquisitions: 1/Workers is fair, 1 is one client starving the
+	// others). many: "bytes_per_lease" (heap growth of the whole process,
+	// embedded brokers included), "round_trips_per_master_per_tick",
+	// "renew_errors", and for systems the scenario renews itself (peers)
+	// "renewed_per_lease_per_tick" (below 1: the renewal loop cannot keep
+	// up with the interval). It is not part of the results schema; reports list
+	// it separately.
+	Metrics map[string]float64 `json:"-"`
+}
+
+// Duration helpers for the percentiles.
+func (r Result) P50Duration() time.Duration { return time.Duration(r.P50) }
+func (r Result) P90Duration() time.Duration { return time.Duration(r.P90) }
+func (r Result) P99Duration() time.Duration { return time.Duration(r.P99) }
+
+func newResult(samples []time.Duration, ops int, elapsed time.Duration) Result {
+	r := Result{Samples: len(samples)}
+	if len(samples) > 0 {
+		slices.Sort(samples)
+		r.P50, r.P90, r.P99 = int64(pct(samples, 50)), int64(pct(samples, 90)), int64(pct(samples, 99))
+	}
+	if elapsed > 0 {
+		r.Ops = float64(ops) / elapsed.Seconds()
+	}
+	return r
+}
+
+// pct returns the p-th percentile of sorted samples, by nearest rank.
+func pct(sorted []time.Duration, p int) time.Duration {
+	i := (p*len(sorted) + 99) / 100
+	return sorted[max(i, 1)-1]
+}
+
+// Run runs scenario on sys, recording the result under name. Each run uses
+// fresh lock names and its own clients, and leaves nothing held. It returns
+// an error matching [ErrNotApplicable] when the scenario does not apply to
+// the system, and ctx's error if ctx ends first.
+func Run(ctx context.Context, sys System, name, scenario string, p Params) (Result, error) {
+	p = p.withDefaults()
+	r := &runner{sys: sys, p: p, prefix: lockPrefix(scenario)}
+	var (
+		res Result
+		err error
+	)
+	switch scenario {
+	case Uncontended:
+		res, err = r.uncontended(ctx)
+	case Contended:
+		res, err = r.contended(ctx)
+	case Handoff:
+		res, err = r.handoff(ctx)
+	case Semaphore:
+		res, err = r.semaphore(ctx)
+	case Many:
+		res, err = r.many(ctx)
+	default:
+		return Result{}, fmt.Errorf("benchmarks: unknown scenario %q (scenarios: %v)", scenario, Scenarios())
+	}
+	if errors.Is(err, ErrNotApplicable) {
+		return Result{}, err
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("%s × %s: %w", name, scenario, err)
+	}
+	res.System, res.Scenario = name, scenario
+	return res, nil
+}
+
+// lockPrefix returns a fresh prefix for the lock names of one run; it is
+// legal as a NATS KV key, a Redis key and an AMQP queue name.
+func lockPrefix(scenario string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return "lb-" + hex.EncodeToString(b[:]) + "-" + scenario
+}
+
+type runner struct {
+	sys    System
+	p      Params
+	prefix string
+}
+
+// done tells a loop when to stop: after Ops operations or Duration.
+type stopper struct {
+	left     atomic.Int64
+	deadline time.Time
+}
+
+func (r *runner) stopper(start time.Time) *stopper {
+	s := &stopper{}
+	if r.p.Ops > 0 {
+		s.left.Store(int64(r.p.Ops))
+	} else {
+		s.left.Store(1 << 62)
+	}
+	if r.p.Duration > 0 {
+		s.deadline = start.Add(r.p.Duration)
+	}
+	return s
+}
+
+// next reports whether one more operation may start.
+func (s *stopper) next() bool {
+	if !s.deadline.IsZero() && !time.Now().Before(s.deadline) {
+		return false
+	}
+	return s.left.Add(-1) >= 0
+}
+
+func (r *runner) clients(ctx context.Context, n int) ([]Client, func(), error) {
+	var cs []Client
+	closeAll := func() {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+	}
+	for range n {
+		c, err := r.sys.NewClient(ctx)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("new client: %w", err)
+		}
+		cs = append(cs, c)
+	}
+	return cs, closeAll, nil
+}
+
+// lock acquires name within the per-acquire timeout.
+func (r *runner) lock(ctx context.Context, l Locker, name string) (Held, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.p.Timeout)
+	defer cancel()
+	h, err := l.Lock(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("lock %q: %w", name, err)
+	}
+	return h, nil
+}
+
+// release releases h; it is never cut short by the run's context, so that
+// nothing is left held.
+func (r *runner) release(ctx context.Context, h Held) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.p.Timeout)
+	defer cancel()
+	if err := h.Release(ctx); err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	return nil
+}
+
+func (r *runner) uncontended(ctx context.Context) (Result, error) {
+	cs, closeAll, err := r.clients(ctx, 1)
+	if err != nil {
+		return Result{}, err
+	}
+	defer closeAll()
+	c, name := cs[0], r.prefix
+	// One warm-up cycle: connections, scripts and buckets are ready.
+	if err := r.cycle(ctx, c, name); err != nil {
+		return Result{}, err
+	}
+	var samples []time.Duration
+	start := time.Now()
+	stop := r.stopper(start)
+	for stop.next() {
+		t0 := time.Now()
+		if err := r.cycle(ctx, c, name); err != nil {
+			return Result{}, err
+		}
+		samples = append(samples, time.Since(t0))
+		if err := ctx.Err(); err != nil {
+			return Result{}, err
+		}
+	}
+	return newResult(samples, len(samples), time.Since(start)), nil
+}
+
+func (r *runner) cycle(ctx context.Context, l Locker, name string) error {
+	h, err := r.lock(ctx, l, name)
+	if err != nil {
+		return err
+	}
+	return r.release(ctx, h)
+}
+
+func (r *runner) contended(ctx context.Context) (Result, error) {
+	cs, closeAll, err := r.clients(ctx, r.p.Workers)
+	if err != nil {
+		return Result{}, err
+	}
+	defer closeAll()
+	name := r.prefix
+	if err := r.cycle(ctx, cs[0], name); err != nil {
+		return Result{}, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if r.p.Duration > 0 {
+		// Waiters still blocked at the end are let go.
+		runCtx, cancel = context.WithTimeout(runCtx, r.p.Duration)
+		defer cancel()
+	}
+	var (
+		mu      sync.Mutex
+		samples []time.Duration
+		order   []int // which client held, in acquisition order
+		errs    []error
+		wg      sync.WaitGroup
+	)
+	over := func() bool {
+		dl, ok := runCtx.Deadline()
+		return runCtx.Err() != nil || (ok && !time.Now().Before(dl))
+	}
+	start := time.Now()
+	stop := r.stopper(start)
+	for id, c := range cs {
+		wg.Go(func() {
+			var mine []time.Duration
+			defer func() {
+				mu.Lock()
+				samples = append(samples, mine...)
+				mu.Unlock()
+			}()
+			for stop.next() {
+				t0 := time.Now()
+				h, err := r.lock(runCtx, c, name)
+				if err != nil {
+					// At the deadline a client may fail with its own
+					// i/o timeout a moment before ctx reports it.
+					if !over() || ctx.Err() != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+						cancel()
+					}
+					return
+				}
+				mine = append(mine, time.Since(t0))
+				mu.Lock()
+				order = append(order, id)
+				mu.Unlock()
+				spin(r.p.Hold)
+				if err := r.release(ctx, h); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return Result{}, err
+	}
+	res := newResult(samples, len(samples), elapsed)
+	switches, counts := 0, make([]int, len(cs))
+	for i, id := range order {
+		counts[id]++
+		if i > 0 && id != order[i-1] {
+			switches++
+		}
+	}
+	res.Metrics = map[string]float64{
+		"switches_per_s":   float64(switches) / elapsed.Seconds(),
+		"top_client_share": float64(slices.Max(counts)) / float64(max(len(order), 1)),
+	}
+	return res, nil
+}
+
+// spin holds the CPU-free critical section for d. time.Sleep would round
+// 100µs up to the timer slack; the critical section is work, not waiting,
+// so it is measured on the monotonic clock while yielding.
+func spin(d time.Duration) {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		runtime.Gosched()
+	}
+}
+
+func (r *runner) handoff(ctx context.Context) (Result, error) {
+	cs, closeAll, err := r.clients(ctx, 2)
+	if err != nil {
+		return Result{}, err
+	}
+	defer closeAll()
+	name := r.prefix
+	// Warm up both clients, and learn how long an uncontended acquire
+	// takes: the holder waits a few times that before it releases, so the
+	// waiter is blocked in Lock (not still starting its first attempt)
+	// when the release happens. That wait is not part of the sample.
+	var warm []time.Duration
+	for i := range 6 {
+		t0 := time.Now()
+		if err := r.cycle(ctx, cs[i%2], name); err != nil {
+			return Result{}, err
+		}
+		warm = append(warm, time.Since(t0))
+	}
+	slices.Sort(warm)
+	settle := max(time.Millisecond, 3*warm[len(warm)/2])
+
+	holder, waiter := cs[0], cs[1]
+	held, err := r.lock(ctx, holder, name)
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() {
+		if held != nil {
+			_ = r.release(ctx, held)
+		}
+	}()
+	type got struct {
+		h   Held
+		at  time.Time
+		err error
+	}
+	var samples []time.Duration
+	start := time.Now()
+	stop := r.stopper(start)
+	for stop.next() {
+		ch := make(chan got, 1)
+		go func() {
+			h, err := r.lock(ctx, waiter, name)
+			ch <- got{h, time.Now(), err}
+		}()
+		select {
+		case g := <-ch:
+			if g.err == nil {
+				_ = r.release(ctx, g.h)
+				return Result{}, fmt.Errorf("the waiter got %q while it was held", name)
+			}
+			return Result{}, g.err
+		case <-time.After(settle):
+		}
+		t0 := time.Now()
+		if err := r.release(ctx, held); err != nil {
+			held = nil
+			<-ch
+			return Result{}, err
+		}
+		held = nil
+		g := <-ch
+		if g.err != nil {
+			return Result{}, g.err
+		}
+		samples = append(samples, g.at.Sub(t0))
+		held = g.h
+		holder, waiter = waiter, holder
+	}
+	return newResult(samples, len(samples), time.Since(start)), nil
+}
+
+func (r *runner) semaphore(ctx context.Context) (Result, error) {
+	cs, closeAll, err := r.clients(ctx, r.p.SemaphoreSize)
+	if err != nil {
+		return Result{}, err
+	}
+	defer closeAll()
+	sems := make([]Locker, len(cs))
+	for i, c := range cs {
+		sc, ok := c.(SemaphoreClient)
+		if !ok {
+			return Result{}, notApplicable("no semaphores")
+		}
+		if sems[i], err = sc.Semaphore(ctx, r.p.SemaphoreSize); errors.Is(err, ErrNotApplicable) {
+			return Result{}, err
+		} else if err != nil {
+			return Result{}, fmt.Errorf("semaphore of %d: %w", r.p.SemaphoreSize, err)
+		}
+	}
+	name := r.prefix
+	if err := r.cycle(ctx, sems[0], name); err != nil {
+		return Result{}, err
+	}
+	var held []Held
+	defer func() {
+		for _, h := range held {
+			_ = r.release(ctx, h)
+		}
+	}()
+	for _, s := range sems[1:] {
+		h, err := r.lock(ctx, s, name)
+		if err != nil {
+			return Result{}, err
+		}
+		held = append(held, h)
+	}
+	last := sems[0]
+	var samples []time.Duration
+	start := time.Now()
+	stop := r.stopper(start)
+	for stop.next() {
+		t0 := time.Now()
+		h, err := r.lock(ctx, last, name)
+		if err != nil {
+			return Result{}, err
+		}
+		samples = append(samples, time.Since(t0))
+		if err := r.release(ctx, h); err != nil {
+			return Result{}, err
+		}
+	}
+	return newResult(samples, len(samples), time.Since(start)), nil
+}
+
+func (r *runner) many(ctx context.Context) (Result, error) {
+	rs, ok := r.sys.(Renewing)
+	if !ok {
+		return Result{}, notApplicable("no leases renewed over a network (no TTL, or no broker)")
+	}
+	interval := rs.RenewInterval()
+	// The window is a whole number of renew intervals, at least three, so
+	// that it holds the same number of renewal ticks whatever their phase.
+	ticks := max(3, int(r.p.Duration/interval))
+	window := time.Duration(ticks) * interval
+	cs, closeAll, err := r.clients(ctx, 1)
+	if err != nil {
+		return Result{}, err
+	}
+	defer closeAll()
+	c := cs[0]
+	if err := r.cycle(ctx, c, r.prefix+"-warm"); err != nil {
+		return Result{}, err
+	}
+
+	heap0 := heapInUse()
+	held := make([]Held, r.p.Leases)
+	samples := make([]time.Duration, r.p.Leases)
+	defer func() {
+		r.parallel(len(held), func(i int) error {
+			if held[i] != nil {
+				_ = r.release(ctx, held[i])
+			}
+			return nil
+		})
+	}()
+	err = r.parallel(r.p.Leases, func(i int) error {
+		t0 := time.Now()
+		h, err := r.lock(ctx, c, fmt.Sprintf("%s-%d", r.prefix, i))
+		if err != nil {
+			return err
+		}
+		samples[i] = time.Since(t0)
+		held[i] = h
+		return nil
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	perLease := float64(int64(heapInUse())-int64(heap0)) / float64(r.p.Leases)
+
+	// Peers do not renew by themselves: renew every lease once per
+	// interval, as their users must. Backends renew on their own.
+	var renewErrs, renewed atomic.Int64
+	winCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	_, manual := held[0].(Renewer)
+	if manual {
+		wg.Go(func() {
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-winCtx.Done():
+					return
+				case <-t.C:
+				}
+				r.parallel(len(held), func(i int) error {
+					rctx, cancel := context.WithTimeout(winCtx, interval)
+					defer cancel()
+					if err := held[i].(Renewer).Renew(rctx); err != nil {
+						if winCtx.Err() == nil {
+							renewErrs.Add(1)
+						}
+					} else {
+						renewed.Add(1)
+					}
+					return nil
+				})
+			}
+		})
+	}
+	if manual {
+		// Our ticks fire at whole intervals from now: start counting half
+		// an interval in, so that exactly `ticks` of them fall inside.
+		select {
+		case <-ctx.Done():
+		case <-time.After(interval / 2):
+		}
+	}
+	rt0, n0, t0 := rs.RoundTrips(), renewed.Load(), time.Now()
+	select {
+	case <-ctx.Done():
+	case <-time.After(window):
+	}
+	rt1, n1, elapsed := rs.RoundTrips(), renewed.Load(), time.Since(t0)
+	cancel()
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	res := newResult(samples, int(rt1-rt0), elapsed)
+	res.Metrics = map[string]float64{
+		"bytes_per_lease":                 perLease,
+		"round_trips_per_master_per_tick": res.Ops * interval.Seconds() / float64(rs.Masters()),
+		"renew_errors":                    float64(renewErrs.Load()),
+	}
+	if manual {
+		// Whether the user's renewal loop keeps up: 1 means every lease
+		// was renewed once per tick.
+		res.Metrics["renewed_per_lease_per_tick"] = float64(n1-n0) / float64(ticks) / float64(len(held))
+	}
+	return res, nil
+}
+
+// parallel runs f(0..n-1) on Workers goroutines and returns the first
+// error; after an error the remaining indexes are skipped.
+func (r *runner) parallel(n int, f func(i int) error) error {
+	var (
+		next atomic.Int64
+		once sync.Once
+		ferr error
+		bad  atomic.Bool
+		wg   sync.WaitGroup
+	)
+	for range min(r.p.Workers, n) {
+		wg.Go(func() {
+			for !bad.Load() {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := f(i); err != nil {
+					once.Do(func() { ferr = err })
+					bad.Store(true)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return ferr
+}
+
+// heapInUse returns the live heap after a full collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
