@@ -32,6 +32,7 @@ import (
 //	BENCH           benchmark regexp for bench (default .)
 //	BENCHFLAGS      extra go test flags for bench, e.g. BENCHFLAGS='-count=10 -benchtime=2s'
 //	LOCKBENCH_ARGS  arguments for lockbench
+//	CHAOS_DURATION  how long chaos runs each backend (default 5m)
 //	CI              set on CI: tests fail on a missing broker instead of skipping; lint shows gofmt diffs
 
 // Tools run with `go run pkg@version`: pinned, and nothing to install.
@@ -43,6 +44,8 @@ const (
 const (
 	testTimeout      = "20m" // per module: go test -timeout
 	defaultFuzzTime  = "3s"
+	defaultChaosTime = "5m"
+	chaosDurationEnv = "LOCKS_CHAOS_DURATION" // contracttest.ChaosDurationEnv
 	lockbenchPkg     = "./benchmarks/cmd/lockbench"
 	workflowsDir     = ".github/workflows"
 	ciScript         = ".ci/run"
@@ -139,6 +142,22 @@ func Lint() error {
 // Check runs Lint, then Test.
 func Check() {
 	mg.SerialDeps(Lint, Test)
+}
+
+// Chaos runs the randomized fault run (TestChaos*) of every module for $CHAOS_DURATION (5m) per backend.
+func Chaos() error {
+	d := os.Getenv("CHAOS_DURATION")
+	if d == "" {
+		d = defaultChaosTime
+	}
+	// The tests read the duration from the environment of the go command.
+	if err := os.Setenv(chaosDurationEnv, d); err != nil {
+		return err
+	}
+	fmt.Printf("chaos: each backend for %s (%s); every run ends with its summary\n", d, chaosDurationEnv)
+	return eachModule("chaos", nil, func(m module) error {
+		return runV("go", m.goC("test", "-race", "-count=1", "-timeout=0", "-run=^TestChaos", "-v", "./...")...)
+	})
 }
 
 // Lockbench runs the cross-backend benchmark command with $LOCKBENCH_ARGS.

@@ -3,6 +3,7 @@ module github.com/latchkey-go/latchkey/contracttest
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/latchkey-go/latchkey/locks v0.0.0
 	github.com/ory/dockertest/v3 v3.12.0
 	go.uber.org/goleak v1.3.0
