@@ -73,15 +73,9 @@ type Client struct {
 //
 // New only uses features of NATS 2.9 and later: no per-key TTL.
 func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Option) (*Client, error) {
-	o := defaults()
-	if err := locks.Apply(&o, opts); err != nil {
+	o, err := newOptions(opts)
+	if err != nil {
 		return nil, fmt.Errorf("natsputex: %w", err)
-	}
-	if o.margin == 0 {
-		o.margin = o.renew / 2
-	}
-	if o.margin >= o.ttl() {
-		return nil, fmt.Errorf("natsputex: %w", locks.InvalidOption("safety margin %v must be shorter than T = F·R = %v", o.margin, o.ttl()))
 	}
 	if o.holderID == "" {
 		host, _ := os.Hostname()
@@ -119,6 +113,22 @@ func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Opt
 		leases: make(map[*lease]struct{}),
 		blank:  make(map[string]uint64),
 	}, nil
+}
+
+// CheckSupervisor reports, without any I/O, whether [New] would accept
+// bucket and opts and [Client.Supervisor] key and token: it returns the
+// error they would return (matching [locks.ErrInvalidName] or
+// [locks.ErrInvalidOption]), or nil. Commands use it to reject bad input
+// before they connect.
+func CheckSupervisor(bucket, key, token string, opts ...Option) error {
+	if _, err := newOptions(opts); err != nil {
+		return fmt.Errorf("natsputex: %w", err)
+	}
+	if err := buckets.Check(bucket); err != nil {
+		return fmt.Errorf("natsputex: %w", err)
+	}
+	_, err := (&Client{}).Supervisor(key, token, Service{})
+	return err
 }
 
 // Bucket returns the name of the client's bucket.

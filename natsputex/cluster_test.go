@@ -3,6 +3,7 @@ package natsputex_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,11 +50,20 @@ func TestClusterLeaderStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exit := h.Enter("holder", lease.Token())
+	// The holder's section ends when its lease does, or just before it
+	// releases it, whichever comes first.
+	var exitOnce sync.Once
+	exitH := h.Enter("holder", lease.Token())
+	exit := func() { exitOnce.Do(exitH) }
 	ended := make(chan struct{})
 	go func() { <-lease.Context().Done(); exit(); close(ended) }()
 
-	got := make(chan locks.Lease, 1)
+	// The waiter's section starts as soon as its Lock returns.
+	type won struct {
+		l    locks.Lease
+		exit func()
+	}
+	got := make(chan won, 1)
 	errc := make(chan error, 1)
 	go func() {
 		l, err := waiter.Lock(ctx, "job")
@@ -61,7 +71,7 @@ func TestClusterLeaderStop(t *testing.T) {
 			errc <- err
 			return
 		}
-		got <- l
+		got <- won{l, h.Enter("waiter", l.Token())}
 	}()
 	time.Sleep(2 * testR)
 
@@ -88,10 +98,15 @@ func TestClusterLeaderStop(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	select {
 	case <-ended:
-		t.Logf("the holder lost its lease cleanly: %v", context.Cause(lease.Context()))
+		cause := context.Cause(lease.Context())
+		if !errors.Is(cause, locks.ErrLost) {
+			t.Errorf("the holder's lease ended with %v, want ErrLost", cause)
+		}
+		t.Logf("the holder lost its lease cleanly: %v", cause)
 	default:
 		t.Logf("the holder kept renewing through the leader change")
 	}
+	exit()
 	if err := lease.Release(ctx); err != nil && !errors.Is(err, locks.ErrLost) {
 		t.Logf("release: %v", err)
 	}
@@ -100,13 +115,12 @@ func TestClusterLeaderStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case l := <-got:
-		exitW := h.Enter("waiter", l.Token())
-		if l.Token() <= lease.Token() {
-			t.Errorf("the waiter's token %d is not above the holder's %d", l.Token(), lease.Token())
+	case w := <-got:
+		if w.l.Token() <= lease.Token() {
+			t.Errorf("the waiter's token %d is not above the holder's %d", w.l.Token(), lease.Token())
 		}
-		exitW()
-		_ = l.Release(ctx)
+		w.exit()
+		_ = w.l.Release(ctx)
 	case err := <-errc:
 		t.Fatalf("the waiter's Lock failed: %v", err)
 	case <-ctx.Done():

@@ -33,10 +33,16 @@
 //
 // A holder's lease ends at once, with [locks.ErrLost], when a write fails
 // or its health check fails (it then blanks the key, one attempt, so that
-// a waiter takes over at once). A holder that cannot renew ends its lease
-// by itself at the start of its last successful write plus T minus a
-// safety margin ([WithSafetyMargin], R/2 by default): a holder cut off
-// from NATS stops before anyone may take over. Release blanks the key,
+// a waiter takes over at once; the lease has ended before the blank is
+// sent). A holder that cannot renew ends its lease by itself at the start
+// of its last successful write plus T minus a safety margin
+// ([WithSafetyMargin], R/2 by default, at least 1ms shorter than T): a
+// holder cut off from NATS stops before anyone may take over. This
+// validity is always shorter than T, so a holder renews every R only when
+// that leaves room for two attempts within it (T − margin >= 2·R, true
+// for F >= 3 with the default margin); otherwise it renews every
+// (T − margin)/2, and a taker-over confirms with writes that far apart
+// for the same C·R. Release blanks the key,
 // conditioned on the lease's last revision (and, if a renewal whose answer
 // was lost moved the revision, on a fresh read still showing the lease's
 // own token): a stale release never frees a successor.
@@ -70,9 +76,17 @@
 //
 // # Where it differs from putex
 //
-//   - With F = 1, no margin leaves room for a renewal before T; the holder
-//     then stops only when a write fails (see [WithFailureThreshold]). Use F
-//     of 2 or more.
+//   - putex renews every R even with F = 1, when a renewal is due just as
+//     a waiter may take over. Here a holder trusts its hold for T minus the
+//     margin only, and renews twice within that when R would not fit (see
+//     Protocol): with F = 1 and the default margin, every R/4.
+//   - putex's chart blanks the key, then kills the service, when a health
+//     check or a write fails. The Supervisor runs [Service.Stop] first and
+//     blanks the key only when Stop has returned (also when [Service.Start]
+//     failed): a blank key is taken at once, and the services of two
+//     agents must never overlap, however slow Stop is. The blank is one
+//     update at the agent's last revision; on shutdown too, it never re-reads
+//     the key, as tokens (host names) are shared by an agent's restarts.
 //   - putex re-runs the kill and start actions on every stroke; the
 //     Supervisor runs [Service.Stop] once when it starts and then on every
 //     change of phase, and [Service.Start] when it becomes active.

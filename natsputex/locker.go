@@ -68,12 +68,17 @@ type Semaphore struct {
 
 var _ locks.Semaphore = (*Semaphore)(nil)
 
+// MaxSemaphoreSize is the largest size of a [Semaphore]: every waiting
+// Acquire tries each slot key in turn.
+const MaxSemaphoreSize = 4096
+
 // Semaphore returns a Semaphore with size slots per name. A size below 1
-// returns an error matching [locks.ErrInvalidOption]. Semaphores of
-// different sizes may share a name: each uses only the first size slots.
+// or above [MaxSemaphoreSize] returns an error matching
+// [locks.ErrInvalidOption]. Semaphores of different sizes may share a
+// name: each uses only the first size slots.
 func (c *Client) Semaphore(size int) (*Semaphore, error) {
-	if size < 1 {
-		return nil, fmt.Errorf("natsputex: %w", locks.InvalidOption("semaphore size must be >= 1, got %d", size))
+	if size < 1 || size > MaxSemaphoreSize {
+		return nil, fmt.Errorf("natsputex: %w", locks.InvalidOption("semaphore size must be in 1..%d, got %d", MaxSemaphoreSize, size))
 	}
 	return &Semaphore{c: c, size: size}, nil
 }
@@ -248,8 +253,8 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 		return nil, fmt.Errorf("natsputex: %q: take over %q: %w", name, key, err)
 	}
 	rev := won
-	for range c.o.confirm {
-		if err = sleepCtx(ctx, c.o.renew); err != nil {
+	for range c.o.confirmSteps() {
+		if err = sleepCtx(ctx, c.o.renewEvery()); err != nil {
 			break
 		}
 		start = time.Now()
@@ -297,12 +302,11 @@ type lease struct {
 // and last written at rev by a write that started at start.
 func (c *Client) hold(ctx context.Context, name, key string, slot int, token string, won, rev uint64, start time.Time) (*lease, error) {
 	l := &lease{c: c, key: key, token: token, rev: rev}
-	valid, _ := c.o.validity()
 	l.BaseLease = locks.NewBaseLease(ctx, locks.LeaseSpec{
 		Name:     name,
 		Token:    won,
 		Slot:     slot,
-		Deadline: start.Add(valid),
+		Deadline: start.Add(c.o.validity()),
 		Release:  l.release,
 	})
 	c.mu.Lock()
@@ -323,21 +327,24 @@ func (c *Client) hold(ctx context.Context, name, key string, slot int, token str
 		_ = l.Release(context.WithoutCancel(ctx))
 		return nil, &locks.HeldError{Name: name, Err: errors.New("natsputex: the winning write took longer than the lease's validity")}
 	}
-	l.KeepAlive(c.o.renew, l.renew)
+	l.KeepAlive(c.o.renewEvery(), l.renew)
 	return l, nil
 }
 
 // renew runs the health check, then rewrites the token at the last
-// revision. Any failure ends the lease at once: the health check's after
-// one attempt to blank the key, so that a waiter takes over at once.
+// revision. Any failure ends the lease at once; a failed health check
+// ends it before one attempt to blank the key (so that a waiter takes
+// over at once), never after: the key is free only once the lease is over.
 func (l *lease) renew(ctx context.Context) (time.Time, error) {
 	c := l.c
 	if err := c.healthCheck(ctx, Active); err != nil {
+		lost := locks.Lost(fmt.Errorf("natsputex: %q: %w", l.Name(), err))
+		l.End(lost)
 		l.mu.Lock()
 		rev := l.rev
 		l.mu.Unlock()
 		c.abandon(l.key, l.token, rev)
-		return time.Time{}, locks.Lost(fmt.Errorf("natsputex: %q: %w", l.Name(), err))
+		return time.Time{}, lost
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.o.ttl())
 	defer cancel()
@@ -353,8 +360,7 @@ func (l *lease) renew(ctx context.Context) (time.Time, error) {
 		return time.Time{}, locks.Lost(fmt.Errorf("natsputex: %q: %s (key %q, revision %d): %w", l.Name(), why, l.key, l.rev, err))
 	}
 	l.rev = rev
-	valid, _ := c.o.validity()
-	return start.Add(valid), nil
+	return start.Add(c.o.validity()), nil
 }
 
 // release blanks the key if it is still this lease's.

@@ -3,6 +3,7 @@ package natsputex_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,5 +178,42 @@ func TestNatslockPaused(t *testing.T) {
 	e, err := kv.Get(context.Background(), key)
 	if err != nil || len(e.Value()) != 0 {
 		t.Errorf("after SIGTERM of the last agent the key should be blank: %v %v", e, err)
+	}
+}
+
+// TestNatslockBadInput: natslock checks every argument before it connects
+// and exits with status 2 and a message naming the problem. Nothing
+// listens on its NATS URL: a natslock that connected first would fail
+// with status 1.
+func TestNatslockBadInput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs natslock")
+	}
+	bin := buildNatslock(t)
+	const url = "nats://127.0.0.1:1"
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-r", "0", url, "b", "k", "tok"}, "renew interval"},
+		{[]string{"-f", "0", url, "b", "k", "tok"}, "failure threshold"},
+		{[]string{"-c", "-1", url, "b", "k", "tok"}, "confirmation count"},
+		{[]string{"-r", "1s", "-margin", "3s", url, "b", "k", "tok"}, "safety margin"},
+		{[]string{"-r", "2562047h", "-f", "3", url, "b", "k", "tok"}, "overflows"},
+		{[]string{"-replicas", "9", url, "b", "k", "tok"}, "replicas"},
+		{[]string{url, "a.b", "k", "tok"}, "bucket"},
+		{[]string{url, "b", "a b", "tok"}, "key"},
+		{[]string{url, "b", "k", ""}, "token"},
+		{[]string{"", "b", "k", "tok"}, "URL"},
+	} {
+		out, err := exec.Command(bin, tc.args...).CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+			t.Errorf("natslock %q: %v, want exit status 2\n%s", tc.args, err, out)
+			continue
+		}
+		if !strings.Contains(string(out), tc.want) {
+			t.Errorf("natslock %q said %q, want a message about the %s", tc.args, out, tc.want)
+		}
 	}
 }

@@ -181,6 +181,8 @@ func (h *harness) InvalidOptions(ctx context.Context) []error {
 	}
 	defer c.Close()
 	_, err = c.Semaphore(0)
+	errs = append(errs, err)
+	_, err = c.Semaphore(natsputex.MaxSemaphoreSize + 1)
 	return append(errs, err)
 }
 

@@ -2,6 +2,7 @@ package natsputex
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -62,16 +63,48 @@ func defaults() options {
 func (o *options) ttl() time.Duration { return time.Duration(o.failures) * o.renew }
 
 // validity returns how long after the start of its last successful write a
-// holder still trusts its hold, and whether that is a safety bound: T
-// minus the safety margin, when that leaves room for the next renewal
-// (more than R). With F = 1 it does not: the holder then trusts its hold
-// for 1.5·R (a liveness backstop only) and stops early only when a write
-// fails.
-func (o *options) validity() (time.Duration, bool) {
-	if v := o.ttl() - o.margin; v > o.renew {
-		return v, true
+// holder still trusts its hold: T minus the safety margin, always less
+// than T, so that a holder cut off from NATS stops before any waiter may
+// take over.
+func (o *options) validity() time.Duration { return o.ttl() - o.margin }
+
+// renewEvery returns how often a holder rewrites its token: every R, or
+// more often when R would not leave room for a second attempt within the
+// validity (F = 1, or a margin close to T).
+func (o *options) renewEvery() time.Duration { return min(o.renew, o.validity()/2) }
+
+// confirmSteps returns how many writes of renewEvery apart fill the C
+// intervals of R a new holder confirms a takeover for.
+func (o *options) confirmSteps() int {
+	total, p := time.Duration(o.confirm)*o.renew, o.renewEvery()
+	return int((total + p - 1) / p)
+}
+
+// minValidity is the shortest validity (T minus the margin) a client
+// accepts: no renewal to a broker completes faster.
+const minValidity = time.Millisecond
+
+// newOptions applies opts to the defaults and checks what no single
+// option can: that F·R and C·R fit in a [time.Duration] and that T minus
+// the safety margin leaves a validity of at least [minValidity].
+func newOptions(opts []Option) (options, error) {
+	o := defaults()
+	if err := locks.Apply(&o, opts); err != nil {
+		return o, err
 	}
-	return o.renew + o.renew/2, false
+	if o.renew > math.MaxInt64/time.Duration(o.failures) {
+		return o, locks.InvalidOption("T = F·R overflows: F = %d, R = %v", o.failures, o.renew)
+	}
+	if o.confirm > 0 && o.renew > math.MaxInt64/time.Duration(o.confirm) {
+		return o, locks.InvalidOption("C·R overflows: C = %d, R = %v", o.confirm, o.renew)
+	}
+	if o.margin == 0 {
+		o.margin = max(o.renew/2, time.Nanosecond)
+	}
+	if o.ttl()-o.margin < minValidity {
+		return o, locks.InvalidOption("safety margin %v must be shorter than T = F·R = %v by at least %v", o.margin, o.ttl(), minValidity)
+	}
+	return o, nil
 }
 
 // Option configures a [Client]. Options are checked by [New] before any
@@ -80,7 +113,9 @@ func (o *options) validity() (time.Duration, bool) {
 type Option func(*options) error
 
 // WithRenewInterval sets R, the lock renewal interval: how often a holder
-// runs its health check and rewrites its token to assert it is alive. The
+// runs its health check and rewrites its token to assert it is alive (more
+// often when T minus the safety margin is under 2·R, as with F = 1: see
+// the package doc). F·R and C·R must fit in a [time.Duration]. The
 // default is 1s.
 func WithRenewInterval(d time.Duration) Option {
 	return func(o *options) error {
@@ -92,9 +127,8 @@ func WithRenewInterval(d time.Duration) Option {
 // WithFailureThreshold sets F, the number of renewal intervals without any
 // write to a key after which a waiter may take the key over: T = F·R is
 // the lock timeout. It is also the longest a health check may take. F
-// must be at least 1; with F = 1 a holder cut off from NATS only stops at
-// its next failed write, so use F >= 2 (see the package doc). The default
-// is 3.
+// must be at least 1; with F = 1 a holder renews every (T − margin)/2
+// rather than every R (see the package doc). The default is 3.
 func WithFailureThreshold(f int) Option {
 	return func(o *options) error {
 		o.failures = f
@@ -122,9 +156,9 @@ func WithConfirmations(c int) Option {
 // WithSafetyMargin sets how long before T a holder that could not renew
 // gives its lease up by itself: a lease ends at the start of its last
 // successful write plus T minus the margin, so a holder cut off from NATS
-// stops before any waiter may take over. It must be > 0 and, for the bound
-// to apply, less than T − R (otherwise, as with F = 1, the holder stops
-// only when a write fails). The default is R/2.
+// stops before any waiter may take over. It must be > 0 and shorter than
+// T by at least 1ms; when T minus the margin is under 2·R, a holder renews
+// every (T − margin)/2 instead of every R. The default is R/2.
 func WithSafetyMargin(d time.Duration) Option {
 	return func(o *options) error {
 		o.margin = d

@@ -76,7 +76,8 @@ type Service struct {
 	// Start unfences this node, fences the others and starts the service.
 	// It is called when the agent becomes active. Its context ends when
 	// the agent's hold would run out. An error counts as a failed health
-	// check: the agent blanks the key, stops and goes back to standby.
+	// check: the agent runs Stop, then blanks the key and goes back to
+	// standby.
 	Start func(ctx context.Context) error
 
 	// Stop kills (or fences) the service on this node. It is called once
@@ -94,18 +95,20 @@ type Service struct {
 // Make it with [Client.Supervisor]; it uses the client's R, F, C, safety
 // margin and health check.
 //
-// Each pump stroke lasts at least R. An agent whose key is free (missing
-// or blank) or holds its own token runs its health check (told [Active]),
-// rewrites the key at the revision it read, and starts the service. An
-// agent that finds another token stops its service, runs its health check
-// (told [Standby]) and waits until the key has gone T = F·R without any
-// write, by its own clock, then writes its token at the revision it read
-// (so only one waiter can win) and rewrites it for C intervals before its
-// next stroke starts the service. A failed write or health check, or
-// another token in the key, stops the service at once, and the key is
-// blanked (one attempt) after a failed health check. An active agent
-// that has not renewed for T minus the safety margin stops its service by
-// itself, before any other agent may take over.
+// Each pump stroke lasts at least R (or the shorter renewal period of the
+// package doc, when T minus the safety margin is under 2·R). An agent
+// whose key is free (missing or blank) or holds its own token runs its
+// health check (told [Active]), rewrites the key at the revision it read,
+// and starts the service. An agent that finds another token stops its
+// service, runs its health check (told [Standby]) and waits until the key
+// has gone T = F·R without any write, by its own clock, then writes its
+// token at the revision it read (so only one waiter can win) and rewrites
+// it for C intervals before its next stroke starts the service. A failed write or health check, or
+// another token in the key, stops the service at once; after a failed
+// health check or Start, once Stop has returned, the key is blanked (one
+// attempt, at the agent's last revision). An active agent that has not
+// renewed for T minus the safety margin stops its service by itself,
+// before any other agent may take over.
 //
 // A Supervisor's methods are safe for concurrent use; Run runs once at a
 // time.
@@ -153,8 +156,9 @@ func (s *Supervisor) Phase() Phase {
 }
 
 // Run pumps until ctx ends or the client closes. Then it stops the
-// service, blanks the key if the agent holds it (so another agent takes
-// over at once) and returns an error matching ctx.Err() (or
+// service, blanks the key if it still holds the agent's last write (so
+// another agent takes over at once; a write under way when ctx ends is
+// finished first) and returns an error matching ctx.Err() (or
 // [locks.ErrClosed]), joined with the errors of that last stop and
 // release if any. Calling Run while it runs returns an error at once.
 func (s *Supervisor) Run(ctx context.Context) error {
@@ -179,11 +183,11 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		defer w.stop()
 	}
 	s.event(PhaseStandby, "starting: stopping the service", s.stopService(bctx, true))
-	R := s.c.o.renew
+	every := s.c.o.renewEvery()
 	for bctx.Err() == nil {
 		begin := time.Now()
 		s.stroke(bctx, cl, w)
-		_ = sleepCtx(bctx, time.Until(begin.Add(R)))
+		_ = sleepCtx(bctx, time.Until(begin.Add(every)))
 	}
 	return s.shutdown(ctx)
 }
@@ -277,7 +281,7 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 		s.event(PhaseStandby, "health check failed before the takeover", err)
 		return
 	}
-	wctx, cancel := context.WithTimeout(ctx, s.c.o.renew)
+	wctx, cancel := s.writeContext(ctx)
 	start := time.Now()
 	rev, err := s.c.st.claim(wctx, s.key, s.token, r)
 	cancel()
@@ -290,15 +294,16 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 	s.setPhase(PhaseConfirming)
 	s.wrote(rev, start)
 	s.event(PhaseConfirming, fmt.Sprintf("took the key over after %v without a write; confirming for %d interval(s)", T, s.c.o.confirm), nil)
-	if s.c.o.confirm == 0 {
+	steps := s.c.o.confirmSteps()
+	if steps == 0 {
 		s.activate(ctx, rev)
 		return
 	}
-	for i := 1; i <= s.c.o.confirm; i++ {
-		if sleepCtx(ctx, s.c.o.renew) != nil {
+	for i := 1; i <= steps; i++ {
+		if sleepCtx(ctx, s.c.o.renewEvery()) != nil {
 			return
 		}
-		if i == s.c.o.confirm {
+		if i == steps {
 			return // the next stroke renews and starts the service
 		}
 		wctx, cancel := s.writeContext(ctx)
@@ -316,8 +321,12 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 	}
 }
 
-// activate starts the service and enters PhaseActive.
+// activate starts the service and enters PhaseActive, unless Run is
+// ending (its shutdown then blanks the key).
 func (s *Supervisor) activate(ctx context.Context, rev uint64) {
+	if ctx.Err() != nil {
+		return
+	}
 	s.mu.Lock()
 	dl := s.deadline
 	s.mu.Unlock()
@@ -350,21 +359,37 @@ func (s *Supervisor) activate(ctx context.Context, rev uint64) {
 	s.event(PhaseActive, "active: service started", nil, withHolder(s.token, rev))
 }
 
-// abort makes one attempt to blank the key, stops the service and goes
-// back to standby.
+// abort stops the service, then makes one attempt to blank the key, and
+// goes back to standby. Stop comes first (putex's chart blanks first): a
+// blank key is taken at once, so blanking it while Stop still runs would
+// let another agent start its service before this one has stopped.
 func (s *Supervisor) abort(ctx context.Context, why string, cause error) {
-	holding, rev := s.holding()
+	_, rev := s.holding()
 	s.disarm(PhaseStandby)
-	var errs []error
-	if holding {
-		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.o.renew)
-		if _, err := s.c.st.kv.Update(bctx, s.key, nil, rev); err != nil {
-			errs = append(errs, fmt.Errorf("blanking the key: %w", err))
-		}
-		cancel()
+	errs := []error{cause, s.stopService(ctx, false)}
+	if rev != 0 {
+		errs = append(errs, s.blank(ctx, rev, s.c.o.renew))
 	}
-	errs = append(errs, s.stopService(ctx, false))
-	s.event(PhaseStandby, why+": service stopped", errors.Join(append([]error{cause}, errs...)...))
+	s.event(PhaseStandby, why+": service stopped", errors.Join(errs...))
+}
+
+// blank makes one attempt, bounded by timeout, to blank the key at rev,
+// the revision of the agent's own last write: if the key is still at rev,
+// it holds that write, whatever the agent's phase. A key written since is
+// left as it is: it may be a successor's, even with the same token (an
+// agent restarted on the same host).
+func (s *Supervisor) blank(ctx context.Context, rev uint64, timeout time.Duration) error {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	nrev, err := s.c.st.renew(bctx, s.key, "", rev)
+	switch {
+	case isConflict(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("blanking the key: %w", err)
+	}
+	s.c.rememberBlank(s.key, nrev)
+	return nil
 }
 
 // lose stops the service after the key was taken away.
@@ -378,11 +403,10 @@ func (s *Supervisor) lose(ctx context.Context, r record, why string) {
 // expiry: the service stops by itself unless another write succeeds
 // within the validity.
 func (s *Supervisor) wrote(rev uint64, start time.Time) {
-	valid, _ := s.c.o.validity()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lastRev = rev
-	s.deadline = start.Add(valid)
+	s.deadline = start.Add(s.c.o.validity())
 	if s.timer == nil {
 		s.timer = time.AfterFunc(time.Until(s.deadline), s.expire)
 	} else {
@@ -434,9 +458,12 @@ func (s *Supervisor) holding() (bool, uint64) {
 	return s.phase == PhaseActive || s.phase == PhaseConfirming, s.lastRev
 }
 
-// writeContext bounds a renewal: by the hold's validity when the agent
-// holds the key, else by R.
+// writeContext bounds a write: by the hold's validity when the agent
+// holds the key, else by R. The end of ctx does not cut a write short:
+// the agent must learn whether a write sent as Run ends took effect, to
+// blank the key at its revision.
 func (s *Supervisor) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx = context.WithoutCancel(ctx)
 	s.mu.Lock()
 	dl, holding := s.deadline, s.phase == PhaseActive || s.phase == PhaseConfirming
 	s.mu.Unlock()
@@ -476,9 +503,12 @@ func (s *Supervisor) seeHolder(r record) {
 	}
 }
 
-// shutdown ends Run: stop the service, blank the key if held.
+// shutdown ends Run: stop the service, blank the key if it still holds
+// the agent's last write (at that revision only: unlike a lease's
+// release, it does not re-read the key, since a successor may carry the
+// same token).
 func (s *Supervisor) shutdown(ctx context.Context) error {
-	holding, rev := s.holding()
+	_, rev := s.holding()
 	s.mu.Lock()
 	s.done = true
 	s.phase = PhaseStopped
@@ -491,14 +521,8 @@ func (s *Supervisor) shutdown(ctx context.Context) error {
 		errs[0] = s.c.closedErr("supervisor " + s.key)
 	}
 	errs = append(errs, s.stopService(ctx, false))
-	if holding {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.o.ttl())
-		if nrev, err := s.c.st.clear(rctx, s.key, s.token, rev); err != nil {
-			errs = append(errs, fmt.Errorf("blanking the key: %w", err))
-		} else if nrev > 0 {
-			s.c.rememberBlank(s.key, nrev)
-		}
-		cancel()
+	if rev != 0 {
+		errs = append(errs, s.blank(ctx, rev, s.c.o.ttl()))
 	}
 	err := errors.Join(errs...)
 	s.event(PhaseStopped, "stopped", nil)

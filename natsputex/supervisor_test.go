@@ -29,6 +29,9 @@ type agent struct {
 	done    chan error
 	history *contracttest.History
 	failHC  atomic.Bool // the health check fails while set
+	// stopDelay makes Stop take this long (a time.Duration) before the
+	// service stops.
+	stopDelay atomic.Int64
 
 	mu      sync.Mutex
 	exit    func() // ends the open service interval, nil when stopped
@@ -68,6 +71,7 @@ func startAgent(t *testing.T, url, bucket, key, name string, h *contracttest.His
 			return nil
 		},
 		Stop: func(context.Context) error {
+			time.Sleep(time.Duration(a.stopDelay.Load()))
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			a.stopLocked()
@@ -367,5 +371,87 @@ func TestSupervisorBadInput(t *testing.T) {
 	cancel()
 	if err := s.Run(ctx); !errors.Is(err, context.Canceled) {
 		t.Errorf("Run with a cancelled context = %v, want context.Canceled", err)
+	}
+}
+
+// TestSupervisorSlowStop: an active agent whose health check fails runs
+// its (slow) Stop before it blanks the key, so the agent that takes the
+// blank key over at once starts its service only after the first one's
+// has stopped.
+func TestSupervisorSlowStop(t *testing.T) {
+	url, bucket, key := supervisorEnv(t)
+	h := contracttest.NewHistory(1)
+	a := startAgent(t, url, bucket, key, "node-a", h)
+	b := startAgent(t, url, bucket, key, "node-b", h)
+	active := waitActive(t, 2*handoverBound, a, b)
+	other := b
+	if active == b {
+		other = a
+	}
+	time.Sleep(2 * testR)
+	// Shorter than T − R, so that the other agent could not take the key
+	// over by silence while Stop runs: only the blank lets it in.
+	active.stopDelay.Store(int64(testR + testR/2))
+	active.failHC.Store(true)
+	waitFor(t, (testF+testC)*testR+time.Second, other.name+" starts its service", other.running)
+	a.stop()
+	b.stop()
+	if err := h.Check(); err != nil {
+		t.Fatalf("services overlapped: %v", err)
+	}
+	if h.Len() < 2 {
+		t.Fatalf("recorded %d service intervals, want 2", h.Len())
+	}
+}
+
+// TestSupervisorShutdownSparesSuccessor: an agent that stops blanks the
+// key only at the revision of its own last write. A successor with the
+// same token (the agent restarted on the same host) that wrote the key
+// since keeps it.
+func TestSupervisorShutdownSparesSuccessor(t *testing.T) {
+	url, bucket, key := supervisorEnv(t)
+	nc, js, err := connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	kv, err := js.KeyValue(context.Background(), bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := natsputex.New(context.Background(), js, bucket,
+		natsputex.WithRenewInterval(testR), natsputex.WithFailureThreshold(testF), natsputex.WithConfirmations(testC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var succRev uint64
+	var succErr error
+	sup, err := c.Supervisor(key, "node-a", natsputex.Service{Observe: func(e natsputex.Event) {
+		if e.Phase != natsputex.PhaseActive || succRev != 0 {
+			return
+		}
+		// Observe runs on the pump's goroutine: the agent makes no write
+		// between the successor's and the end of Run.
+		succRev, succErr = kv.Update(context.Background(), key, []byte("node-a"), e.Revision)
+		cancel()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sup.Run(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v, want context.Canceled", err)
+	}
+	if succErr != nil || succRev == 0 {
+		t.Fatalf("the successor's write: revision %d, %v", succRev, succErr)
+	}
+	e, err := kv.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(e.Value()) != "node-a" || e.Revision() != succRev {
+		t.Fatalf("after the agent stopped, the key holds %q at revision %d, want the successor's write (revision %d)", e.Value(), e.Revision(), succRev)
 	}
 }

@@ -102,6 +102,16 @@ func main() {
 	if *health != "" {
 		opts = append(opts, natsputex.WithHealthCheck(natsputex.CommandHealthCheck(*health)))
 	}
+	// Every argument is checked before any I/O: a typo must not wait for
+	// a connection to fail first.
+	if url == "" {
+		fmt.Fprintln(fs.Output(), "natslock: empty NATS URL")
+		os.Exit(2)
+	}
+	if err := natsputex.CheckSupervisor(bucket, key, token, opts...); err != nil {
+		fmt.Fprintf(fs.Output(), "natslock: %v\nRun natslock -help for usage.\n", err)
+		os.Exit(2)
+	}
 	natsOpts := []nats.Option{nats.Name("natslock " + token), nats.MaxReconnects(-1)}
 	if *creds != "" {
 		natsOpts = append(natsOpts, nats.UserCredentials(*creds))
