@@ -18,7 +18,8 @@
 // renewed it and drift = TTL·driftFactor + 2ms ([WithDriftFactor]). Each
 // step on a master is one Lua script, run by SHA (EVALSHA, falling back to
 // EVAL on NOSCRIPT); requests to the masters go out in parallel. An attempt
-// that does not win a quorum deletes whatever it got. Errors say which
+// that does not win a quorum deletes whatever it got, except where it
+// displaced a lower priority (see Priorities and theft). Errors say which
 // masters failed: a [*QuorumError] unwraps to one error per master.
 //
 // Every lease is renewed in the background: all the leases of one Locker
@@ -28,7 +29,10 @@
 // never extends nor deletes a later holder's key. When a quorum cannot be
 // renewed, the lease ends with [locks.ErrLost] before its validity runs
 // out: at once when a quorum says the keys are gone, else at the first
-// failed tick after which the next tick could come too late.
+// failed tick after which the next tick could come too late. That is why
+// the renewal interval is at most (TTL − drift)/3: a round that hangs is
+// given one interval, it may start one interval after the last successful
+// one, and the lease must end before TTL − drift has passed since then.
 //
 // Not safe against: clocks that jump or run faster than the drift factor
 // allows (validity is local time; key expiry is the masters' time); and
@@ -91,6 +95,18 @@
 // first. So a theft never breaks mutual exclusion, even when the victim is
 // unreachable (TestTheftFromUnreachableVictimWaitsOutItsValidity); the
 // thief keeps renewing its keys while it waits.
+//
+// An attempt may displace holders and still not use the keys: it failed
+// to win a quorum (thieves splitting the vote), it was robbed before it
+// was granted, or, for a semaphore, the key is in a slot other than the
+// one it keeps. It tells those victims all the same, and keeps each such
+// key until its victim has acknowledged or run out of validity; only then
+// does it delete it (TestFailedTheftTellsItsVictim,
+// TestSemaphoreTheftInLosingSlotTellsVictim). Deleting it at once would
+// let a third client take the name while the victim still runs. When the
+// Locker is closed meanwhile, such keys — and those of a thief still
+// waiting — are left to expire: set after the victim's, they outlast its
+// validity (TestCloseKeepsWaitingThiefKeys).
 //
 // Chain of thieves: an attempt or lease that is robbed while it is still
 // waiting for its own victim ends at once but delays its acknowledgement

@@ -18,7 +18,7 @@ import (
 
 const (
 	testTTL   = 600 * time.Millisecond
-	testRenew = 200 * time.Millisecond
+	testRenew = 190 * time.Millisecond // at most (TTL − drift)/3
 )
 
 // newRedis returns a go-redis client for one master, as the tests use
@@ -162,6 +162,7 @@ func (h *harness) InvalidOptions(context.Context) []error {
 		{redlockprio.WithTTL(-time.Second)},
 		{redlockprio.WithRenewInterval(0)},
 		{redlockprio.WithTTL(time.Second), redlockprio.WithRenewInterval(2 * time.Second)},
+		{redlockprio.WithTTL(time.Second), redlockprio.WithRenewInterval(time.Second / 2)},
 		{redlockprio.WithDriftFactor(1)},
 		{redlockprio.WithDriftFactor(-0.1)},
 		{redlockprio.WithDriftFactor(math.NaN())},
@@ -170,6 +171,7 @@ func (h *harness) InvalidOptions(context.Context) []error {
 		{redlockprio.WithHolderID("")},
 		{redlockprio.WithHolderID("a|b")},
 		{redlockprio.WithKeyPrefix("x{")},
+		{redlockprio.WithKeyPrefix("x|")},
 		{redlockprio.WithUnsafeStolenConsistencyFactor(1.5)},
 		{redlockprio.WithUnsafeStolenConsistencyFactor(-1)},
 	} {

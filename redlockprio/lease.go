@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,9 +19,9 @@ import (
 // Its context ends with [locks.ErrReleased] after Release; with an error
 // matching [locks.ErrPreempted] (and [locks.ErrLost]) when a higher
 // priority took it; with an error matching [locks.ErrLost] when a quorum
-// could not be renewed before its validity ran out (the lease ends one
-// renewal interval before that deadline at the latest), when an
-// administrator deleted its keys, or when its Locker was closed.
+// could not be renewed before its validity ran out (the lease ends before
+// that deadline), when an administrator deleted its keys, or when its
+// Locker was closed.
 type Lease struct {
 	l       *Locker
 	name    string
@@ -32,11 +33,12 @@ type Lease struct {
 	settled chan struct{} // closed once notices about this attempt may be acknowledged
 
 	// Guarded by l.mu.
-	base      *locks.BaseLease // nil while the attempt is in flight
-	token     uint64
-	robbed    error // set when a thief's notice arrived
-	waitOver  bool  // the wait for this thief's victims is over
-	abandoned bool  // Lock gave up waiting for the victims: release when over
+	base        *locks.BaseLease // nil while the attempt is in flight
+	token       uint64
+	robbed      error // set when a thief's notice arrived
+	waitOver    bool  // the wait for this thief's victims is over
+	abandoned   bool  // Lock gave up waiting for the victims: release when over
+	victimsLive bool  // holders this thief displaced may still run: keep its keys
 }
 
 var _ locks.SlotLease = (*Lease)(nil)
@@ -72,6 +74,16 @@ func (e *Lease) Release(ctx context.Context) error { return e.base.Release(ctx) 
 // Release hook.
 func (e *Lease) release(ctx context.Context) error {
 	l := e.l
+	l.mu.Lock()
+	keep := e.victimsLive
+	l.mu.Unlock()
+	if keep {
+		// The Locker closed while this thief waited for its victims: its
+		// keys, set after theirs, expire after their validity. Deleting
+		// them now would free the name while a victim may still run; the
+		// entry stays too, so that no notice about them is acknowledged.
+		return nil
+	}
 	l.forget(e)
 	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
 		return runScript(ctx, releaseScript, m.c, []string{e.key, e.fence}, e.id, e.tokenValue(), l.relChannel(e.name))
@@ -249,11 +261,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	won := bySlot[best]
 
 	fail := func(err error) (locks.Lease, error) {
-		var ms []*master
-		for _, g := range grants {
-			ms = append(ms, g.m)
-		}
-		l.abort(ctx, e, append(ms, unknown...))
+		l.abandon(ctx, e, grants, unknown)
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, fmt.Errorf("redlockprio: lock %q: %w", name, cerr)
 		}
@@ -265,16 +273,31 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		}
 		return fail(heldError(name, held, errors.Join(errs...)))
 	}
-	// Other slots granted by a minority are not ours to keep.
+	// Other slots granted by a minority are not ours to keep; those taken
+	// from a victim are kept until it has stopped (see below).
 	extra := map[*master]int{}
-	var extraMs []*master
+	var extraFree, extraTaken []*master
 	for s, gs := range bySlot {
 		if s != best {
 			for _, g := range gs {
 				extra[g.m] = s
-				extraMs = append(extraMs, g.m)
+				if g.status == 2 {
+					extraTaken = append(extraTaken, g.m)
+				} else {
+					extraFree = append(extraFree, g.m)
+				}
 			}
 		}
+	}
+	releaseExtra := func(ctx context.Context, ms []*master) {
+		if len(ms) == 0 {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
+		defer cancel()
+		l.fanout(ctx, ms, func(ctx context.Context, m *master) (any, error) {
+			return runScript(ctx, releaseScript, m.c, []string{l.key(name, extra[m]), e.fence}, e.id, 0, "")
+		}, nil)
 	}
 
 	// The token: the largest counter of the granting masters, which must
@@ -338,72 +361,28 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	}
 	e.slot = best
 	e.key = l.key(name, best)
-	if len(extraMs) > 0 {
-		rel, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
-		l.fanout(rel, extraMs, func(ctx context.Context, m *master) (any, error) {
-			return runScript(ctx, releaseScript, m.c, []string{l.key(name, extra[m]), e.fence}, e.id, 0, "")
-		}, nil)
-		cancel()
-	}
+	releaseExtra(ctx, extraFree)
 	spec := locks.LeaseSpec{Name: name, Token: token, Deadline: deadline, Release: e.release}
 	if size > 1 {
 		spec.Slot = best
 	}
 	base := locks.NewBaseLease(ctx, spec)
 
-	// Victims to tell, with how long each may still believe it holds.
-	type victim struct {
-		inbox string
-		until time.Time
-	}
-	victims := map[string]*victim{}
-	for _, g := range won {
-		if g.status != 2 || g.holder == "" {
-			continue
-		}
-		until := g.at.Add(g.pttl + l.drift)
-		if v := victims[g.holder]; v == nil {
-			victims[g.holder] = &victim{inbox: g.vinbox, until: until}
-		} else if until.After(v.until) {
-			v.until = until
-		}
-	}
+	// Victims to tell: those of the slot we keep and of the others.
+	victims := l.victimsOf(grants)
 
 	l.mu.Lock()
 	robbed := e.robbed
 	closing := l.closing
 	if robbed == nil && !closing {
 		e.base, e.token = base, token
+		e.victimsLive = len(victims) > 0
 		l.startRenewerLocked()
-	}
-	acks := map[string]chan struct{}{}
-	if robbed == nil && !closing {
-		for id := range victims {
-			ch := l.acks[id]
-			if ch == nil {
-				ch = make(chan struct{})
-				l.acks[id] = ch
-			}
-			acks[id] = ch
-		}
 	}
 	l.mu.Unlock()
 	if robbed != nil || closing {
 		base.End(locks.Lost(errors.New("redlockprio: preempted while acquiring")))
-		if len(victims) > 0 {
-			// Someone may still run under the victim's lease; keep the
-			// keys until it has provably stopped.
-			var until time.Time
-			for _, v := range victims {
-				until = later(until, v.until)
-			}
-			l.goTracked(func() {
-				sleepUntil(l.done, until)
-				l.abort(context.Background(), e, l.masters)
-			})
-		} else {
-			l.abort(ctx, e, l.masters)
-		}
+		l.abandon(ctx, e, grants, l.masters)
 		if closing {
 			return nil, fmt.Errorf("redlockprio: %q: %w", name, locks.ErrClosed)
 		}
@@ -420,41 +399,26 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	if l.o.unsafeSteal >= 0 {
 		cutoff = start.Add(time.Duration(l.o.unsafeSteal * float64(l.o.ttl)))
 	}
-	desc := fmt.Sprintf("%s with priority %d", l.id, l.o.priority)
-	for id, v := range victims {
-		l.publish(v.inbox, "N|"+id+"|"+l.inbox+"|"+strings.ReplaceAll(desc, "|", "/"))
-	}
+	acks := l.tell(victims)
 	started := l.goTracked(func() {
-		for id, v := range victims {
-			until := v.until
-			if !cutoff.IsZero() && cutoff.Before(until) {
-				until = cutoff
-			}
-			t := time.NewTimer(time.Until(until))
-			select {
-			case <-acks[id]:
-			case <-t.C:
-			case <-l.done:
-			}
-			t.Stop()
-		}
+		over := l.waitVictims(victims, acks, cutoff)
 		l.mu.Lock()
-		for id, ch := range acks {
-			if l.acks[id] == ch {
-				delete(l.acks, id)
-			}
-		}
 		e.waitOver = true
+		e.victimsLive = !over // the Locker closed: leave the keys to expire
 		abandoned := e.abandoned
 		close(e.settled)
 		l.mu.Unlock()
+		if over {
+			releaseExtra(context.Background(), extraTaken)
+		}
 		if abandoned {
 			_ = base.Release(context.Background())
 		}
 	})
 	if !started {
+		l.forgetAcks(acks)
 		close(e.settled)
-		_ = base.Release(context.Background())
+		_ = base.Release(context.Background()) // keeps the keys (victimsLive)
 		return nil, fmt.Errorf("redlockprio: %q: %w", name, locks.ErrClosed)
 	}
 	select {
@@ -484,13 +448,126 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// sleepUntil sleeps until t or until done is closed.
-func sleepUntil(done <-chan struct{}, t time.Time) {
-	timer := time.NewTimer(time.Until(t))
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-	case <-done:
+// victim is a holder an attempt displaced, with how long it may still
+// believe it holds.
+type victim struct {
+	inbox string
+	until time.Time
+}
+
+// victimsOf returns the holders that gs displaced, by holder id: each may
+// run until the largest PTTL its keys had when displaced, plus the drift
+// allowance, counted from when the answer arrived.
+func (l *Locker) victimsOf(gs []grant) map[string]*victim {
+	victims := map[string]*victim{}
+	for _, g := range gs {
+		if g.status != 2 || g.holder == "" {
+			continue
+		}
+		until := g.at.Add(g.pttl + l.drift)
+		if v := victims[g.holder]; v == nil {
+			victims[g.holder] = &victim{inbox: g.vinbox, until: until}
+		} else if until.After(v.until) {
+			v.until = until
+		}
+	}
+	return victims
+}
+
+// tell sends each victim a theft notice and returns, by victim id, the
+// channels its acknowledgement closes; hand them to waitVictims or
+// forgetAcks.
+func (l *Locker) tell(victims map[string]*victim) map[string]chan struct{} {
+	acks := map[string]chan struct{}{}
+	l.mu.Lock()
+	for id := range victims {
+		ch := l.acks[id]
+		if ch == nil {
+			ch = make(chan struct{})
+			l.acks[id] = ch
+		}
+		acks[id] = ch
+	}
+	l.mu.Unlock()
+	desc := strings.ReplaceAll(fmt.Sprintf("%s with priority %d", l.id, l.o.priority), "|", "/")
+	for id, v := range victims {
+		l.publish(v.inbox, "N|"+id+"|"+l.inbox+"|"+desc)
+	}
+	return acks
+}
+
+// waitVictims waits until each victim has acknowledged or its validity has
+// run out, or until cutoff if it is not zero, and returns true; when the
+// Locker closes first it returns false at once: the victims may then
+// still run.
+func (l *Locker) waitVictims(victims map[string]*victim, acks map[string]chan struct{}, cutoff time.Time) bool {
+	defer l.forgetAcks(acks)
+	for id, v := range victims {
+		until := v.until
+		if !cutoff.IsZero() && cutoff.Before(until) {
+			until = cutoff
+		}
+		t := time.NewTimer(time.Until(until))
+		select {
+		case <-acks[id]:
+		case <-t.C:
+		case <-l.done:
+			t.Stop()
+			return false
+		}
+		t.Stop()
+	}
+	return true
+}
+
+func (l *Locker) forgetAcks(acks map[string]chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, ch := range acks {
+		if l.acks[id] == ch {
+			delete(l.acks, id)
+		}
+	}
+}
+
+// abandon ends an attempt that will not be used: it deletes what the
+// attempt got on the masters of gs and on others. Where a grant displaced
+// a holder, the key stays until that holder has acknowledged the notice
+// abandon sends it or its validity has run out, so that nobody takes the
+// name while it may still run; meanwhile the attempt stays registered, and
+// a notice from a thief that displaced it is acknowledged only then (the
+// chain of thieves). If the Locker closes first, those keys are left to
+// expire: set after the victim's, they outlast its validity.
+func (l *Locker) abandon(ctx context.Context, e *Lease, gs []grant, others []*master) {
+	victims := l.victimsOf(gs)
+	var now, taken []*master
+	for _, g := range gs {
+		if g.status == 2 && len(victims) > 0 {
+			taken = append(taken, g.m)
+		} else {
+			now = append(now, g.m)
+		}
+	}
+	for _, m := range others {
+		if !slices.Contains(taken, m) && !slices.Contains(now, m) {
+			now = append(now, m)
+		}
+	}
+	if len(victims) == 0 {
+		l.abort(ctx, e, now)
+		return
+	}
+	l.deleteKeys(ctx, e, now)
+	acks := l.tell(victims)
+	if !l.goTracked(func() {
+		if l.waitVictims(victims, acks, time.Time{}) {
+			l.abort(context.Background(), e, taken)
+		} else {
+			l.abort(context.Background(), e, nil)
+		}
+	}) {
+		l.forgetAcks(acks)
+		l.abort(ctx, e, nil)
 	}
 }
 
@@ -516,6 +593,11 @@ func (l *Locker) abort(ctx context.Context, e *Lease, ms []*master) {
 	default:
 		close(e.settled)
 	}
+	l.deleteKeys(ctx, e, ms)
+}
+
+// deleteKeys deletes the attempt's keys, of every slot, on ms.
+func (l *Locker) deleteKeys(ctx context.Context, e *Lease, ms []*master) {
 	if len(ms) == 0 {
 		return
 	}

@@ -88,30 +88,32 @@ func New(masters []redis.UniversalClient, opts ...Option) (*Locker, error) {
 	if len(masters) == 0 {
 		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("at least one master is needed"))
 	}
-	seen := map[redis.UniversalClient]bool{}
 	ms := make([]*master, len(masters))
 	for i, c := range masters {
 		if isNil(c) {
 			return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("master %d is nil", i))
 		}
-		if seen[c] {
-			return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("master %d is given twice: masters must be independent", i))
+		for _, m := range ms[:i] {
+			if sameClient(m.c, c) {
+				return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("master %d is given twice: masters must be independent", i))
+			}
 		}
-		seen[c] = true
 		ms[i] = &master{index: i, addr: addrOf(c), c: c}
 	}
 	o := defaults()
 	if err := locks.Apply(&o, opts); err != nil {
 		return nil, fmt.Errorf("redlockprio: %w", err)
 	}
-	if o.renew == 0 {
-		o.renew = o.ttl / 3
-	}
-	if o.renew >= o.ttl {
-		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("renew interval %v must be shorter than the TTL %v", o.renew, o.ttl))
-	}
 	if d := o.driftFor(); d >= o.ttl/2 {
 		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("drift allowance %v leaves too little of the TTL %v", d, o.ttl))
+	}
+	// See WithRenewInterval for why a third of the validity.
+	maxRenew := (o.ttl - o.driftFor()) / 3
+	if o.renew == 0 {
+		o.renew = maxRenew
+	}
+	if o.renew > maxRenew {
+		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("renew interval %v must be at most (TTL − drift)/3 = %v", o.renew, maxRenew))
 	}
 	id := o.holderID
 	if id == "" {
@@ -138,8 +140,18 @@ func isNil(c redis.UniversalClient) bool {
 	if c == nil {
 		return true
 	}
-	v := reflect.ValueOf(c)
-	return v.Kind() == reflect.Pointer && v.IsNil()
+	switch v := reflect.ValueOf(c); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
+}
+
+// sameClient reports whether a and b are the same client. Clients of a
+// type that is not comparable (== would panic) are taken as distinct.
+func sameClient(a, b redis.UniversalClient) bool {
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	return va.Type() == vb.Type() && va.Comparable() && va.Equal(vb)
 }
 
 func addrOf(c redis.UniversalClient) string {
@@ -221,8 +233,11 @@ func (l *Locker) wait(ctx context.Context, name string, size int) (locks.Lease, 
 // Close releases every lease the Locker holds (their contexts end with an
 // error matching [locks.ErrLost] and [locks.ErrClosed]), stops its
 // renewal and notification goroutines, and makes later calls return
-// [locks.ErrClosed]. It does not close the masters' clients. Close is
-// idempotent and safe from any goroutine.
+// [locks.ErrClosed]. A theft still waiting for its victims, or an
+// abandoned one, leaves its keys at the masters to expire after the TTL
+// (a victim may still run until then) rather than delaying Close. It does
+// not close the masters' clients. Close is idempotent and safe from any
+// goroutine.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closing {

@@ -54,8 +54,12 @@ func WithTTL(d time.Duration) Option {
 }
 
 // WithRenewInterval sets how often held leases are renewed, all of a
-// Locker's leases in one batch; it must be shorter than the TTL. The
-// default is a third of the TTL.
+// Locker's leases in one batch. It must be at most (TTL − drift)/3, where
+// drift is the allowance of [WithDriftFactor]: a renewal round that hangs
+// is given up to one interval, and the next round may start one interval
+// after the last successful one, so that with a third interval to spare
+// a lease whose renewals fail still ends before its validity runs out
+// ([New] checks it). The default is (TTL − drift)/3.
 func WithRenewInterval(d time.Duration) Option {
 	return func(o *options) error {
 		o.renew = d
@@ -115,12 +119,13 @@ func WithHolderID(id string) Option {
 
 // WithKeyPrefix sets the prefix of every key and channel name the Locker
 // uses at the masters. Lockers that should contend must use the same
-// prefix. It must not contain '{' or '}'. The default is "latchkey:".
+// prefix. It must not contain '{', '}' (hash tags) nor '|' (which
+// separates the fields of theft notices). The default is "latchkey:".
 func WithKeyPrefix(p string) Option {
 	return func(o *options) error {
 		o.prefix = p
-		if strings.ContainsAny(p, "{}") || strings.IndexFunc(p, isControl) >= 0 {
-			return locks.InvalidOption("key prefix must not contain '{', '}' or control characters, got %q", p)
+		if strings.ContainsAny(p, "{}|") || strings.IndexFunc(p, isControl) >= 0 {
+			return locks.InvalidOption("key prefix must not contain '{', '}', '|' or control characters, got %q", p)
 		}
 		return nil
 	}

@@ -3,6 +3,8 @@ package redlockprio_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -47,6 +49,51 @@ func holderOf(t testing.TB, addr, name string) string {
 	return id
 }
 
+// waitForHolder waits until the name's key (slot 1) is held on every
+// master by a lease of the Locker with id lockerID.
+func waitForHolder(t testing.TB, addrs []string, name, lockerID string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		all := true
+		for _, a := range addrs {
+			all = all && strings.HasPrefix(holderOf(t, a, name), lockerID+":")
+		}
+		if all {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Locker %s does not hold %q on every master", lockerID, name)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// plant sets a slot key on one master as a holder of another process
+// would, for ten seconds.
+func plant(t testing.TB, addr, name string, slot int, id string, prio int) {
+	t.Helper()
+	rc := newRedis(addr)
+	defer rc.Close()
+	key := "latchkey:{" + name + "}:" + strconv.Itoa(slot)
+	ctx := context.Background()
+	if err := rc.HSet(ctx, key, "id", id, "p", prio, "ch", "nobody").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.PExpire(ctx, key, 10*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func unplant(t testing.TB, addr, name string, slot int) {
+	t.Helper()
+	rc := newRedis(addr)
+	defer rc.Close()
+	if err := rc.Del(context.Background(), "latchkey:{"+name+"}:"+strconv.Itoa(slot)).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestTheftWithAcknowledgement(t *testing.T) {
 	addrs := addrsOf(testenv.StartRedis(t, 3))
 	low := mustClient(t, addrs, redlockprio.WithPriority(1))
@@ -81,7 +128,9 @@ func TestTheftWithAcknowledgement(t *testing.T) {
 		t.Errorf("an equal priority took the name from the thief: %v", err)
 	}
 	// The victim's stale release and renewals must not touch the thief's keys.
-	_ = victim.Release(ctx)
+	if err := victim.Release(ctx); !errors.Is(err, locks.ErrPreempted) {
+		t.Errorf("the victim's Release after the theft = %v, want an error matching ErrPreempted", err)
+	}
 	time.Sleep(2 * testRenew)
 	id := thief.(*redlockprio.Lease).HolderID()
 	for _, a := range addrs {
@@ -197,7 +246,13 @@ func TestChainOfThieves(t *testing.T) {
 			_ = l.Release(context.Background())
 		}
 	}()
-	time.Sleep(testTTL / 6) // p2 has stolen and waits for p1
+	// p2 has stolen the keys of every master and waits for p1.
+	waitForHolder(t, addrs, name, p2.l.ID())
+	select {
+	case <-done2:
+		t.Fatal("p2's Lock returned before p1's validity ran out")
+	default:
+	}
 	l3, err := p3.l.Lock(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -219,4 +274,192 @@ func TestChainOfThieves(t *testing.T) {
 		t.Errorf("p3's lease ended: %v", err)
 	}
 	_ = l3.Release(ctx)
+}
+
+func TestEqualPriorityLockWaitsForRelease(t *testing.T) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	a := mustClient(t, addrs, redlockprio.WithPriority(3))
+	b := mustClient(t, addrs, redlockprio.WithPriority(3))
+	name := uniqueName(t)
+	ctx := ctxFor(t, 10*time.Second)
+	first, err := a.l.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan locks.Lease, 1)
+	go func() {
+		l, err := b.l.Lock(ctx, name)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	// Over several renewals and what would have been expiries.
+	select {
+	case l := <-got:
+		if l != nil {
+			_ = l.Release(ctx)
+		}
+		t.Fatal("an equal priority's Lock returned while the name was held")
+	case <-time.After(2 * testTTL):
+	}
+	if err := context.Cause(first.Context()); err != nil {
+		t.Fatalf("the holder's lease ended under an equal priority: %v", err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l := <-got:
+		if l == nil {
+			return
+		}
+		if l.Token() <= first.Token() {
+			t.Errorf("token %d after %d", l.Token(), first.Token())
+		}
+		_ = l.Release(ctx)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting Lock did not get the name after its release")
+	}
+}
+
+// warm subscribes a Locker's inbox while every master is reachable.
+func warm(t testing.TB, l *redlockprio.Locker) {
+	t.Helper()
+	lease, err := l.TryLock(ctxFor(t, 5*time.Second), uniqueName(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lease.Release(context.Background())
+}
+
+// TestFailedTheftTellsItsVictim: two thieves, each reaching one master
+// only, displace the holder there and fail for want of a quorum. The
+// holder must hear of it before anyone else gets the name.
+func TestFailedTheftTellsItsVictim(t *testing.T) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	// A long renewal interval: the holder's renewals must not be what
+	// saves it.
+	v := mustClient(t, addrs, redlockprio.WithPriority(1), redlockprio.WithTTL(10*time.Second), redlockprio.WithRenewInterval(3*time.Second))
+	name := uniqueName(t)
+	ctx := ctxFor(t, 20*time.Second)
+	victim, err := v.l.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		th := mustProxied(t, addrs, redlockprio.WithPriority(5))
+		warm(t, th.l)
+		for j, px := range th.proxies {
+			if j != i {
+				px.Cut()
+			}
+		}
+		if l, err := th.l.TryLock(ctx, name); err == nil {
+			_ = l.Release(ctx)
+			t.Fatalf("thief %d won the name through one master", i)
+		}
+	}
+	other := mustClient(t, addrs, redlockprio.WithPriority(1))
+	lease, err := other.l.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	if victim.Context().Err() == nil {
+		t.Fatal("another client got the name while the displaced holder still believed it held it")
+	}
+	if cause := context.Cause(victim.Context()); !errors.Is(cause, locks.ErrPreempted) {
+		t.Errorf("the displaced holder's cause = %v, want ErrPreempted", cause)
+	}
+}
+
+// TestCloseKeepsWaitingThiefKeys: closing a Locker whose thief still
+// waits for an unreachable victim must not free the name before the
+// victim's validity has run out.
+func TestCloseKeepsWaitingThiefKeys(t *testing.T) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	low := mustProxied(t, addrs, redlockprio.WithPriority(1))
+	high := mustClient(t, addrs, redlockprio.WithPriority(5))
+	other := mustClient(t, addrs, redlockprio.WithPriority(1))
+	name := uniqueName(t)
+	ctx := ctxFor(t, 10*time.Second)
+	victim, err := low.l.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	low.cut()
+	deadline := victim.(*redlockprio.Lease).Deadline()
+	errc := make(chan error, 1)
+	go func() {
+		l, err := high.l.Lock(ctx, name)
+		if err == nil {
+			_ = l.Release(ctx)
+			err = errors.New("the thief got the name")
+		}
+		errc <- err
+	}()
+	waitForHolder(t, addrs, name, high.l.ID())
+	if err := high.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, locks.ErrClosed) {
+		t.Errorf("the thief's Lock after Close = %v, want ErrClosed", err)
+	}
+	lease, err := other.l.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := time.Now()
+	defer lease.Release(ctx)
+	if victim.Context().Err() == nil {
+		t.Fatal("another client got the name while the unreachable victim still held it")
+	}
+	if got.Before(deadline) {
+		t.Errorf("another client got the name %v before the victim's validity deadline", deadline.Sub(got))
+	}
+}
+
+// TestSemaphoreTheftInLosingSlotTellsVictim: a semaphore acquisition
+// wins slot 2 and, on one master, displaced the holder of slot 1, a slot
+// it does not keep. That holder must hear of it before anyone else gets
+// slot 1.
+func TestSemaphoreTheftInLosingSlotTellsVictim(t *testing.T) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	name := uniqueName(t)
+	ctx := ctxFor(t, 10*time.Second)
+	// The victim holds slot 1 (a lock's key) on masters 0 and 1 only.
+	v := mustProxied(t, addrs, redlockprio.WithPriority(1), redlockprio.WithTTL(3*time.Second), redlockprio.WithRenewInterval(900*time.Millisecond))
+	v.proxies[2].Cut()
+	victim, err := v.l.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Higher priorities hold slot 2 on master 0 and slot 1 on master 2.
+	plant(t, addrs[0], name, 2, "h", 9)
+	plant(t, addrs[2], name, 1, "x", 9)
+	thief := mustClient(t, addrs, redlockprio.WithPriority(5))
+	sem, err := thief.l.Semaphore(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Slot 2 on masters 1 and 2 (free), slot 1 on master 0 (the victim's).
+	lease, err := sem.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	if s := lease.(*redlockprio.Lease).Slot(); s != 2 {
+		t.Fatalf("the thief got slot %d, want 2", s)
+	}
+	unplant(t, addrs[2], name, 1)
+	other := mustClient(t, addrs, redlockprio.WithPriority(1))
+	l2, err := other.l.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Release(ctx)
+	if victim.Context().Err() == nil {
+		t.Fatal("another client got slot 1 while its displaced holder still believed it held it")
+	}
 }
