@@ -125,7 +125,7 @@ type chaosRun struct {
 	cfg    ChaosConfig
 	h      Harness
 	caps   Capabilities
-	leaks  goleak.Option
+	leaks  []goleak.Option
 	ctx    context.Context
 	cancel context.CancelFunc
 	names  []string
@@ -188,7 +188,7 @@ func newChaosRun(t *testing.T, nh NewHarness, cfg ChaosConfig) *chaosRun {
 		t.Fatalf("RunChaos needs Capabilities().CrashRecovery")
 	}
 	r := &chaosRun{
-		t: t, cfg: cfg, h: h, caps: h.Capabilities(), leaks: leaks, ctx: ctx, cancel: cancel,
+		t: t, cfg: cfg, h: h, caps: h.Capabilities(), leaks: leakOptions(leaks, h), ctx: ctx, cancel: cancel,
 		rng:    rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		spans:  map[string][]Span{},
 		ops:    map[string][]porcupine.Operation{},
@@ -542,7 +542,7 @@ func (r *chaosRun) close() {
 	if err := r.h.Close(); err != nil {
 		r.t.Errorf("closing the harness: %v", err)
 	}
-	if err := goleak.Find(r.leaks); err != nil {
+	if err := goleak.Find(r.leaks...); err != nil {
 		r.t.Errorf("goroutines outlived the run: %v", err)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/latchkey-go/latchkey/locks"
 )
 
@@ -91,4 +93,24 @@ type PriorityHarness interface {
 // match [locks.ErrInvalidOption].
 type OptionChecker interface {
 	InvalidOptions(ctx context.Context) []error
+}
+
+// LeakFilter is an optional interface that may be implemented by a
+// [Harness] whose broker runs inside the test process (an embedded
+// server): IgnoreLeaks returns goleak options matching the broker's own
+// goroutines, such as the state a server keeps for a crashed client until
+// it times out, which the leak checks would otherwise blame on the
+// backend. The backend's own goroutines must never match them.
+type LeakFilter interface {
+	IgnoreLeaks() []goleak.Option
+}
+
+// leakOptions returns the goleak options of a check for goroutines started
+// after current was taken: current itself plus h's filters.
+func leakOptions(current goleak.Option, h Harness) []goleak.Option {
+	opts := []goleak.Option{current}
+	if f, ok := h.(LeakFilter); ok {
+		opts = append(opts, f.IgnoreLeaks()...)
+	}
+	return opts
 }

@@ -68,7 +68,7 @@ type env struct {
 	caps    Capabilities
 	ctx     context.Context
 	cancel  context.CancelFunc
-	leaks   goleak.Option
+	leaks   []goleak.Option
 	mu      sync.Mutex
 	clients []Client
 	closed  bool
@@ -83,7 +83,7 @@ func newEnv(t testing.TB, nh NewHarness) *env {
 		cancel()
 		t.Fatalf("making the harness: %v", err)
 	}
-	return &env{t: t, h: h, caps: h.Capabilities(), ctx: ctx, cancel: cancel, leaks: leaks}
+	return &env{t: t, h: h, caps: h.Capabilities(), ctx: ctx, cancel: cancel, leaks: leakOptions(leaks, h)}
 }
 
 // close closes every client and the harness, then checks that no goroutine
@@ -107,7 +107,7 @@ func (e *env) close() {
 		e.t.Errorf("closing the harness: %v", err)
 	}
 	e.cancel()
-	if err := goleak.Find(e.leaks); err != nil {
+	if err := goleak.Find(e.leaks...); err != nil {
 		e.t.Errorf("goroutines outlived their leases and clients: %v", err)
 	}
 }

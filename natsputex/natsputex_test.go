@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
 
 	"github.com/latchkey-go/latchkey/contracttest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
@@ -140,6 +141,10 @@ func (h *harness) Capabilities() contracttest.Capabilities {
 		InvalidNames:  []string{"a b", "a..b", ".a", "a.", "a*", "a>", "caf\u00e9", "a\x00b", string([]byte{0xff})},
 	}
 }
+
+// IgnoreLeaks makes the leak checks ignore the consumers a killed client
+// leaves on the embedded server until they time out.
+func (h *harness) IgnoreLeaks() []goleak.Option { return natsenv.ConsumerGoroutines() }
 
 func (h *harness) Close() error {
 	h.admin.Close()

@@ -24,7 +24,23 @@ import (
 
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/goleak"
 )
+
+// ConsumerGoroutines returns goleak options matching the goroutines an
+// embedded server runs for each JetStream consumer. A client that crashes
+// (its connection cut, as tests do) leaves its ephemeral consumers, such as
+// a KV watch's, on the server until their inactivity threshold passes:
+// server state, not a leak of the client's, which leak checks of the client
+// should ignore (see contracttest.LeakFilter).
+func ConsumerGoroutines() []goleak.Option {
+	const consumer = "github.com/nats-io/nats-server/v2/server.(*consumer)."
+	var opts []goleak.Option
+	for _, f := range []string{"loopAndGatherMsgs", "processInboundAcks", "processInboundNextMsgReqs", "loopAndForwardProposals"} {
+		opts = append(opts, goleak.IgnoreAnyFunction(consumer+f))
+	}
+	return opts
+}
 
 const (
 	// readyTimeout bounds how long a server may take to accept clients.
