@@ -35,7 +35,8 @@ type LeaseSpec struct {
 // cause never changes afterwards. All methods are safe for concurrent use.
 type BaseLease struct {
 	spec   LeaseSpec
-	ctx    context.Context
+	ctx    context.Context // ends with the lease; internal use
+	pub    *leaseContext   // ctx as Context returns it
 	cancel context.CancelCauseFunc
 
 	mu       sync.Mutex
@@ -55,6 +56,7 @@ var _ SlotLease = (*BaseLease)(nil)
 func NewBaseLease(parent context.Context, spec LeaseSpec) *BaseLease {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	l := &BaseLease{spec: spec, ctx: ctx, cancel: cancel}
+	l.pub = &leaseContext{Context: ctx, l: l}
 	if !spec.Deadline.IsZero() {
 		l.Extend(spec.Deadline)
 	}
@@ -70,8 +72,30 @@ func (l *BaseLease) Token() uint64 { return l.spec.Token }
 // Slot returns the semaphore slot from 1, or 0 for a lock.
 func (l *BaseLease) Slot() int { return l.spec.Slot }
 
-// Context returns the context that ends with the lease.
-func (l *BaseLease) Context() context.Context { return l.ctx }
+// Context returns the context that ends with the lease. Its Err checks
+// the validity deadline itself, so that a process resumed after a pause
+// (SIGSTOP, a long GC, a suspended VM) sees its lease ended on its first
+// check, before the timer that ends it has had a chance to run.
+func (l *BaseLease) Context() context.Context { return l.pub }
+
+// leaseContext is a lease's context whose Err ends the lease at once when
+// its deadline has passed, rather than leaving that to the timer.
+type leaseContext struct {
+	context.Context
+	l *BaseLease
+}
+
+func (c *leaseContext) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	c.l.mu.Lock()
+	if !c.l.deadline.IsZero() && !time.Now().Before(c.l.deadline) {
+		c.l.endLocked(c.l.expired())
+	}
+	c.l.mu.Unlock()
+	return c.Context.Err()
+}
 
 // Deadline returns the current validity deadline, zero if the lease has
 // none.
@@ -108,7 +132,12 @@ func (l *BaseLease) expire() {
 		}
 		return
 	}
-	l.endLocked(Lost(fmt.Errorf("%q: validity deadline passed without a renewal", l.spec.Name)))
+	l.endLocked(l.expired())
+}
+
+// expired is the cause of a lease whose deadline passed.
+func (l *BaseLease) expired() error {
+	return Lost(fmt.Errorf("%q: validity deadline passed without a renewal", l.spec.Name))
 }
 
 // End ends the lease with cause unless it has ended already, and reports
@@ -132,8 +161,9 @@ func (l *BaseLease) endLocked(cause error) bool {
 	return true
 }
 
-// Live reports whether the lease has not ended yet.
-func (l *BaseLease) Live() bool { return l.ctx.Err() == nil }
+// Live reports whether the lease has not ended yet, its deadline
+// included (see [BaseLease.Context]).
+func (l *BaseLease) Live() bool { return l.pub.Err() == nil }
 
 // KeepAlive starts the lease's renewal loop: every interval it calls renew
 // with a context that ends at the lease's deadline or its end. When renew

@@ -157,3 +157,26 @@ func TestKeepAliveTransientErrorsHitDeadline(t *testing.T) {
 	}
 	_ = l.Release(context.Background())
 }
+
+// TestBaseLeaseErrChecksDeadline shows that a lease past its deadline reads
+// as ended on the first check, without waiting for its timer: what a
+// process resumed after SIGSTOP relies on before its next write.
+func TestBaseLeaseErrChecksDeadline(t *testing.T) {
+	for i := range 100 {
+		l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{Name: "n", Deadline: time.Now().Add(-time.Millisecond)})
+		if l.Context().Err() == nil {
+			t.Fatalf("run %d: a lease past its deadline reads as live", i)
+		}
+		if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrLost) {
+			t.Fatalf("run %d: cause %v, want ErrLost", i, cause)
+		}
+		select {
+		case <-l.Context().Done():
+		default:
+			t.Fatalf("run %d: Err reports the end but Done is open", i)
+		}
+		if l.Live() {
+			t.Fatalf("run %d: Live after the deadline", i)
+		}
+	}
+}
