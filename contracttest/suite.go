@@ -47,6 +47,7 @@ var conformanceTests = []conformanceTest{
 	{"StaleRelease", testStaleRelease},
 	{"CrashLiveness", testCrashLiveness},
 	{"LossOnKill", testLossOnKill},
+	{"PausedHolder", testPausedHolder},
 	{"LossOnRevoke", testLossOnRevoke},
 	{"Preemption", testPreemption},
 	{"SemaphoreLimit", testSemaphoreLimit},

@@ -1,0 +1,274 @@
+package contracttest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// ProcessHarness is an optional interface that may be implemented by a
+// [Harness] whose clients can also run in another process, for the tests
+// that pause a holder with SIGSTOP. ChildEnv returns the environment
+// variables (KEY=value) from which the backend's [NewChildLocker], in a
+// child process running the same test binary, makes a client on the same
+// broker with the same settings as NewClient.
+//
+// The backend's test package must then run its tests through [Main].
+type ProcessHarness interface {
+	ChildEnv() []string
+}
+
+// NewChildLocker makes the Locker of a holder process from the environment
+// that [ProcessHarness.ChildEnv] gave it; closeFn frees it.
+type NewChildLocker func(ctx context.Context) (l locks.Locker, closeFn func() error, err error)
+
+// holderEnv names the variable that makes a test binary a holder process:
+// its value is the name to hold.
+const holderEnv = "LOCKS_CONTRACTTEST_HOLDER"
+
+// holderLifetime bounds a holder process, should its parent vanish.
+const holderLifetime = 2 * time.Minute
+
+// Main is the TestMain of a backend whose Harness is a [ProcessHarness]:
+//
+//	func TestMain(m *testing.M) { contracttest.Main(m, newChildLocker) }
+//
+// In a holder process started by the suite it runs the holder and exits;
+// otherwise it runs the tests.
+func Main(m *testing.M, newLocker NewChildLocker) {
+	if name := os.Getenv(holderEnv); name != "" {
+		os.Exit(runHolder(name, newLocker, os.Stdin, os.Stdout))
+	}
+	os.Exit(m.Run())
+}
+
+// runHolder is the holder process: it locks name, says "held TOKEN", then
+// every 2ms does what careful user code does before each write: checks
+// the lease's context and says "write TOKEN" if it is live, "ended CAUSE"
+// (and stops) if not. It also stops when stdin closes. Lines go to out.
+func runHolder(name string, newLocker NewChildLocker, in io.Reader, out io.Writer) int {
+	ctx, cancel := context.WithTimeout(context.Background(), holderLifetime)
+	defer cancel()
+	go func() { // the parent closes stdin to stop the holder
+		_, _ = io.Copy(io.Discard, in)
+		cancel()
+	}()
+	l, closeFn, err := newLocker(ctx)
+	if err != nil {
+		fmt.Fprintf(out, "error making the locker: %v\n", err)
+		return 1
+	}
+	defer func() { _ = closeFn() }()
+	lease, err := l.Lock(ctx, name)
+	if err != nil {
+		fmt.Fprintf(out, "error locking %q: %v\n", name, err)
+		return 1
+	}
+	fmt.Fprintf(out, "held %d\n", lease.Token())
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		if lease.Context().Err() != nil {
+			cause := context.Cause(lease.Context())
+			fmt.Fprintf(out, "ended lost=%t %v\n", errors.Is(cause, locks.ErrLost), cause)
+			break
+		}
+		fmt.Fprintf(out, "write %d\n", lease.Token())
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+		}
+	}
+	<-ctx.Done() // wait for the parent to close stdin
+	return 0
+}
+
+// holderProcess is the parent's handle on a holder process.
+type holderProcess struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines chan string
+	done  chan struct{}
+}
+
+// startHolder starts a holder process on name, with the harness's
+// environment, and waits until it holds the name; it returns the token.
+// The caller stops it (before its leak check).
+func startHolder(t testing.TB, ph ProcessHarness, name string) (*holderProcess, uint64) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), ph.ChildEnv()...), holderEnv+"="+name)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting the holder process: %v", err)
+	}
+	p := &holderProcess{cmd: cmd, stdin: stdin, lines: make(chan string, 1<<16), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	line, ok := p.next(opTimeout)
+	if !ok || !strings.HasPrefix(line, "held ") {
+		p.stop()
+		t.Fatalf("the holder process did not take %q: %q", name, line)
+	}
+	token, err := strconv.ParseUint(strings.TrimPrefix(line, "held "), 10, 64)
+	if err != nil {
+		p.stop()
+		t.Fatalf("the holder process said %q: %v", line, err)
+	}
+	return p, token
+}
+
+// next returns the process's next line, or false after limit or at its end.
+func (p *holderProcess) next(limit time.Duration) (string, bool) {
+	select {
+	case line, ok := <-p.lines:
+		return line, ok
+	case <-time.After(limit):
+		return "", false
+	}
+}
+
+// drain returns the lines that arrive until none has for quiet.
+func (p *holderProcess) drain(quiet time.Duration) []string {
+	var lines []string
+	for {
+		line, ok := p.next(quiet)
+		if !ok {
+			return lines
+		}
+		lines = append(lines, line)
+	}
+}
+
+func (p *holderProcess) signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// stop resumes the process if paused, closes its stdin and waits for it,
+// killing it if it does not exit.
+func (p *holderProcess) stop() {
+	_ = p.signal(syscall.SIGCONT)
+	_ = p.stdin.Close()
+	select {
+	case <-p.done:
+	case <-time.After(opTimeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	_ = p.cmd.Wait()
+}
+
+// testPausedHolder: a holder process paused with SIGSTOP past its lease's
+// validity loses the name to another client; when it runs again its
+// lease's context has ended before it writes anything more (at most the
+// one write it had decided on before the pause), and a fenced resource
+// rejects that write's token.
+func testPausedHolder(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	ph, ok := e.h.(ProcessHarness)
+	if !ok {
+		t.Skip("the harness cannot run a client in another process (no ProcessHarness)")
+	}
+	if e.caps.CrashRecovery <= 0 {
+		t.Skip("no CrashRecovery bound stated")
+	}
+	name := e.name()
+	var fence FencedResource
+	p, token := startHolder(t, ph, name)
+	defer p.stop()
+	write := func(who, line string) error {
+		if !e.caps.Fencing {
+			return nil
+		}
+		tok, err := strconv.ParseUint(strings.TrimPrefix(line, "write "), 10, 64)
+		if err != nil {
+			return fmt.Errorf("holder said %q", line)
+		}
+		return fence.Write(who, tok)
+	}
+	for range 3 {
+		line, ok := p.next(opTimeout)
+		if !ok || !strings.HasPrefix(line, "write ") {
+			t.Fatalf("the holder process, before the pause: %q", line)
+		}
+		if err := write("holder", line); err != nil {
+			t.Fatalf("a write of the live holder was refused: %v", err)
+		}
+	}
+	if err := p.signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP: %v", err)
+	}
+	paused := time.Now()
+	for _, line := range p.drain(100 * time.Millisecond) { // said before the pause
+		if err := write("holder", line); err != nil {
+			t.Fatalf("a write said before the pause was refused: %v", err)
+		}
+	}
+
+	b := e.locker()
+	ctx, cancel := context.WithTimeout(e.ctx, bound(e.caps.CrashRecovery))
+	lease, err := b.Lock(ctx, name)
+	cancel()
+	if err != nil {
+		t.Fatalf("with the holder paused, Lock(%q) failed after %v (stated CrashRecovery %v): %v", name, time.Since(paused).Round(time.Millisecond), e.caps.CrashRecovery, err)
+	}
+	t.Logf("a paused holder's lock came back after %v (stated bound %v)", time.Since(paused).Round(time.Millisecond), e.caps.CrashRecovery)
+	if e.caps.Fencing {
+		if lease.Token() <= token {
+			t.Errorf("the successor's token %d is not above the paused holder's %d", lease.Token(), token)
+		}
+		if err := fence.Write("successor", lease.Token()); err != nil {
+			t.Fatalf("the successor's write was refused: %v", err)
+		}
+	}
+
+	if err := p.signal(syscall.SIGCONT); err != nil {
+		t.Fatalf("SIGCONT: %v", err)
+	}
+	var stale int
+	for {
+		line, ok := p.next(opTimeout)
+		if !ok {
+			t.Fatalf("the resumed holder never saw its lease end")
+		}
+		if strings.HasPrefix(line, "ended ") {
+			if !strings.HasPrefix(line, "ended lost=true") {
+				t.Errorf("the resumed holder's lease ended, but not with ErrLost: %q", line)
+			}
+			break
+		}
+		stale++
+		if err := write("holder", line); e.caps.Fencing && err == nil {
+			t.Errorf("the fenced resource accepted the resumed holder's %q after the successor wrote", line)
+		}
+	}
+	t.Logf("the resumed holder wrote %d times before it saw its lease had ended", stale)
+	if stale > 1 {
+		t.Errorf("the resumed holder wrote %d times before it saw its lease had ended (allowed: the one it had decided on before the pause)", stale)
+	}
+	e.mustRelease(lease)
+}
