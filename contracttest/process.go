@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -75,7 +74,13 @@ func runHolder(name string, newLocker NewChildLocker, in io.Reader, out io.Write
 		fmt.Fprintf(out, "error locking %q: %v\n", name, err)
 		return 1
 	}
-	fmt.Fprintf(out, "held %d\n", lease.Token())
+	deadline := func() int64 { // wall clock, 0 for none
+		if d, ok := lease.(interface{ Deadline() time.Time }); ok && !d.Deadline().IsZero() {
+			return d.Deadline().UnixNano()
+		}
+		return 0
+	}
+	fmt.Fprintf(out, "held %d %d\n", lease.Token(), deadline())
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for ctx.Err() == nil {
@@ -84,7 +89,7 @@ func runHolder(name string, newLocker NewChildLocker, in io.Reader, out io.Write
 			fmt.Fprintf(out, "ended lost=%t %v\n", errors.Is(cause, locks.ErrLost), cause)
 			break
 		}
-		fmt.Fprintf(out, "write %d\n", lease.Token())
+		fmt.Fprintf(out, "write %d %d\n", lease.Token(), deadline())
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
@@ -94,21 +99,30 @@ func runHolder(name string, newLocker NewChildLocker, in io.Reader, out io.Write
 	return 0
 }
 
-// holderProcess is the parent's handle on a holder process.
-type holderProcess struct {
+// HolderProcess is a client holding one name in a child process (the test
+// binary run again, through [Main]), for tests that pause or kill a real
+// process. Its methods are for the test's goroutine.
+type HolderProcess struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	lines chan string
 	done  chan struct{}
 }
 
-// startHolder starts a holder process on name, with the harness's
-// environment, and waits until it holds the name; it returns the token.
-// The caller stops it (before its leak check).
-func startHolder(t testing.TB, ph ProcessHarness, name string) (*holderProcess, uint64) {
+// StartHolder starts a holder process on name with env added to the
+// test's environment (typically [ProcessHarness.ChildEnv], read by the
+// [NewChildLocker] given to [Main]), and waits until it holds the name. It
+// returns the lease's token and, when the lease has one, its validity
+// deadline on the wall clock (the process shares the machine's). The
+// caller stops the process with Stop, before any leak check.
+//
+// The process says, a line each: "write TOKEN DEADLINE" every 2ms while
+// its lease is live (checked just before; see [ParseWrite]), then "ended
+// lost=BOOL CAUSE".
+func StartHolder(t testing.TB, env []string, name string) (p *HolderProcess, token uint64, deadline time.Time) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), ph.ChildEnv()...), holderEnv+"="+name)
+	cmd.Env = append(append(os.Environ(), env...), holderEnv+"="+name)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -121,7 +135,7 @@ func startHolder(t testing.TB, ph ProcessHarness, name string) (*holderProcess, 
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting the holder process: %v", err)
 	}
-	p := &holderProcess{cmd: cmd, stdin: stdin, lines: make(chan string, 1<<16), done: make(chan struct{})}
+	p = &HolderProcess{cmd: cmd, stdin: stdin, lines: make(chan string, 1<<16), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		sc := bufio.NewScanner(stdout)
@@ -130,21 +144,36 @@ func startHolder(t testing.TB, ph ProcessHarness, name string) (*holderProcess, 
 		}
 		close(p.lines)
 	}()
-	line, ok := p.next(opTimeout)
-	if !ok || !strings.HasPrefix(line, "held ") {
-		p.stop()
-		t.Fatalf("the holder process did not take %q: %q", name, line)
+	line, ok := p.Next(opTimeout)
+	var ns int64
+	if ok {
+		_, err = fmt.Sscanf(line, "held %d %d", &token, &ns)
 	}
-	token, err := strconv.ParseUint(strings.TrimPrefix(line, "held "), 10, 64)
-	if err != nil {
-		p.stop()
-		t.Fatalf("the holder process said %q: %v", line, err)
+	if !ok || err != nil {
+		p.Stop()
+		t.Fatalf("the holder process did not take %q: %q (%v)", name, line, err)
 	}
-	return p, token
+	if ns != 0 {
+		deadline = time.Unix(0, ns)
+	}
+	return p, token, deadline
 }
 
-// next returns the process's next line, or false after limit or at its end.
-func (p *holderProcess) next(limit time.Duration) (string, bool) {
+// ParseWrite parses a holder process's "write TOKEN DEADLINE" line: the
+// token it would write with and its lease's deadline then (zero if none).
+func ParseWrite(line string) (token uint64, deadline time.Time, err error) {
+	var ns int64
+	if _, err := fmt.Sscanf(line, "write %d %d", &token, &ns); err != nil {
+		return 0, time.Time{}, fmt.Errorf("not a holder's write: %q", line)
+	}
+	if ns != 0 {
+		deadline = time.Unix(0, ns)
+	}
+	return token, deadline, nil
+}
+
+// Next returns the process's next line, or false after limit or at its end.
+func (p *HolderProcess) Next(limit time.Duration) (string, bool) {
 	select {
 	case line, ok := <-p.lines:
 		return line, ok
@@ -153,11 +182,11 @@ func (p *holderProcess) next(limit time.Duration) (string, bool) {
 	}
 }
 
-// drain returns the lines that arrive until none has for quiet.
-func (p *holderProcess) drain(quiet time.Duration) []string {
+// Drain returns the lines that arrive until none has for quiet.
+func (p *HolderProcess) Drain(quiet time.Duration) []string {
 	var lines []string
 	for {
-		line, ok := p.next(quiet)
+		line, ok := p.Next(quiet)
 		if !ok {
 			return lines
 		}
@@ -165,12 +194,13 @@ func (p *holderProcess) drain(quiet time.Duration) []string {
 	}
 }
 
-func (p *holderProcess) signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+// Signal sends sig to the process: SIGSTOP pauses it, SIGCONT resumes it.
+func (p *HolderProcess) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
 
-// stop resumes the process if paused, closes its stdin and waits for it,
-// killing it if it does not exit.
-func (p *holderProcess) stop() {
-	_ = p.signal(syscall.SIGCONT)
+// Stop resumes the process if paused, closes its stdin (it releases and
+// exits) and waits for it, killing it if it does not exit in time.
+func (p *HolderProcess) Stop() {
+	_ = p.Signal(syscall.SIGCONT)
 	_ = p.stdin.Close()
 	select {
 	case <-p.done:
@@ -198,20 +228,20 @@ func testPausedHolder(t testing.TB, nh NewHarness) {
 	}
 	name := e.name()
 	var fence FencedResource
-	p, token := startHolder(t, ph, name)
-	defer p.stop()
+	p, token, _ := StartHolder(t, ph.ChildEnv(), name)
+	defer p.Stop()
 	write := func(who, line string) error {
 		if !e.caps.Fencing {
 			return nil
 		}
-		tok, err := strconv.ParseUint(strings.TrimPrefix(line, "write "), 10, 64)
+		tok, _, err := ParseWrite(line)
 		if err != nil {
 			return fmt.Errorf("holder said %q", line)
 		}
 		return fence.Write(who, tok)
 	}
 	for range 3 {
-		line, ok := p.next(opTimeout)
+		line, ok := p.Next(opTimeout)
 		if !ok || !strings.HasPrefix(line, "write ") {
 			t.Fatalf("the holder process, before the pause: %q", line)
 		}
@@ -219,11 +249,11 @@ func testPausedHolder(t testing.TB, nh NewHarness) {
 			t.Fatalf("a write of the live holder was refused: %v", err)
 		}
 	}
-	if err := p.signal(syscall.SIGSTOP); err != nil {
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatalf("SIGSTOP: %v", err)
 	}
 	paused := time.Now()
-	for _, line := range p.drain(100 * time.Millisecond) { // said before the pause
+	for _, line := range p.Drain(100 * time.Millisecond) { // said before the pause
 		if err := write("holder", line); err != nil {
 			t.Fatalf("a write said before the pause was refused: %v", err)
 		}
@@ -246,12 +276,12 @@ func testPausedHolder(t testing.TB, nh NewHarness) {
 		}
 	}
 
-	if err := p.signal(syscall.SIGCONT); err != nil {
+	if err := p.Signal(syscall.SIGCONT); err != nil {
 		t.Fatalf("SIGCONT: %v", err)
 	}
 	var stale int
 	for {
-		line, ok := p.next(opTimeout)
+		line, ok := p.Next(opTimeout)
 		if !ok {
 			t.Fatalf("the resumed holder never saw its lease end")
 		}
