@@ -178,6 +178,9 @@ func (h *harness) Capabilities() contracttest.Capabilities {
 		Semaphore:     true,
 		InvalidNames:  []string{strings.Repeat("x", 256), "amq.reserved", "bad\x00name", string([]byte{0xff})},
 		CrashRecovery: time.Second,
+		// A paused holder's socket stays open: the broker drops it after
+		// two or three missed heartbeats.
+		PauseRecovery: 3*testHeartbeat + 500*time.Millisecond,
 		LossDetection: 600 * time.Millisecond,
 	}
 	if h.kill == blackHole {

@@ -64,6 +64,11 @@ type Capabilities struct {
 	// quarter of the bound plus 250ms for scheduling.
 	CrashRecovery time.Duration
 
+	// PauseRecovery bounds how long after a holder process stops running
+	// (paused with SIGSTOP: its sockets stay open, it sends nothing)
+	// another client can hold its names. Zero means CrashRecovery.
+	PauseRecovery time.Duration
+
 	// LossDetection bounds how long a lease takes to end after it was taken
 	// away at the broker (Kill, or Revoke where the harness is a Revoker).
 	LossDetection time.Duration

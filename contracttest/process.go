@@ -2,6 +2,7 @@ package contracttest
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -223,8 +224,9 @@ func testPausedHolder(t testing.TB, nh NewHarness) {
 	if !ok {
 		t.Skip("the harness cannot run a client in another process (no ProcessHarness)")
 	}
-	if e.caps.CrashRecovery <= 0 {
-		t.Skip("no CrashRecovery bound stated")
+	recovery := cmp.Or(e.caps.PauseRecovery, e.caps.CrashRecovery)
+	if recovery <= 0 {
+		t.Skip("no PauseRecovery or CrashRecovery bound stated")
 	}
 	name := e.name()
 	var fence FencedResource
@@ -260,13 +262,13 @@ func testPausedHolder(t testing.TB, nh NewHarness) {
 	}
 
 	b := e.locker()
-	ctx, cancel := context.WithTimeout(e.ctx, bound(e.caps.CrashRecovery))
+	ctx, cancel := context.WithTimeout(e.ctx, bound(recovery))
 	lease, err := b.Lock(ctx, name)
 	cancel()
 	if err != nil {
-		t.Fatalf("with the holder paused, Lock(%q) failed after %v (stated CrashRecovery %v): %v", name, time.Since(paused).Round(time.Millisecond), e.caps.CrashRecovery, err)
+		t.Fatalf("with the holder paused, Lock(%q) failed after %v (stated bound %v): %v", name, time.Since(paused).Round(time.Millisecond), recovery, err)
 	}
-	t.Logf("a paused holder's lock came back after %v (stated bound %v)", time.Since(paused).Round(time.Millisecond), e.caps.CrashRecovery)
+	t.Logf("a paused holder's lock came back after %v (stated bound %v)", time.Since(paused).Round(time.Millisecond), recovery)
 	if e.caps.Fencing {
 		if lease.Token() <= token {
 			t.Errorf("the successor's token %d is not above the paused holder's %d", lease.Token(), token)
