@@ -24,9 +24,10 @@ const proxyDialTimeout = 5 * time.Second
 
 // A Proxy is a TCP proxy on 127.0.0.1 between clients and one upstream
 // address, which injects network faults on demand: [Proxy.Cut],
-// [Proxy.BlackHole], [Proxy.Latency] and [Proxy.ResetPeer], undone by
-// [Proxy.Restore]. Faults apply to connections already open and to new ones,
-// in both directions at once, so that a client sees a partition or a dead
+// [Proxy.BlackHole], [Proxy.DropReplies], [Proxy.Latency] and
+// [Proxy.ResetPeer], undone by [Proxy.Restore]. Faults apply to connections
+// already open and to new ones, in both directions at once (but for
+// DropReplies), so that a client sees a partition or a dead
 // peer rather than a misbehaving server. Its methods are safe to call from
 // several goroutines. The proxy and its connections are closed at the end of
 // the test that created it.
@@ -43,6 +44,7 @@ type Proxy struct {
 	links     map[*link]struct{}
 	closed    bool
 	blackHole bool
+	dropBack  bool // black hole from upstream to client only
 	reset     bool
 	latency   time.Duration
 	wake      chan struct{} // closed and replaced when a fault changes
@@ -115,6 +117,14 @@ func (p *Proxy) BlackHole() {
 	p.setFaults(func() { p.blackHole = true })
 }
 
+// DropReplies is [Proxy.BlackHole] in one direction: what clients send
+// still reaches the upstream, but nothing comes back, until
+// [Proxy.Restore]. A request then runs at the broker while its client
+// never hears the reply: the ambiguous outcome a client must clean up.
+func (p *Proxy) DropReplies() {
+	p.setFaults(func() { p.dropBack = true })
+}
+
 // Latency delays each piece of data in each direction by d, so that a
 // request and its reply take at least 2*d more, until [Proxy.Restore]. A
 // later call replaces the delay, also for data already waiting.
@@ -135,7 +145,7 @@ func (p *Proxy) ResetPeer() {
 // address was taken while the proxy was cut.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
-	p.blackHole, p.reset, p.latency = false, false, 0
+	p.blackHole, p.dropBack, p.reset, p.latency = false, false, false, 0
 	p.wakeLocked()
 	tainted := p.linksLocked(func(l *link) bool { return l.tainted.Load() })
 	if p.ln == nil && !p.closed {
@@ -166,11 +176,13 @@ func (p *Proxy) wakeLocked() {
 	p.wake = make(chan struct{})
 }
 
-// faults returns the current faults and a channel closed when they change.
-func (p *Proxy) faults() (blackHole, reset bool, latency time.Duration, wake <-chan struct{}) {
+// faults returns the current faults, the black hole as it applies to data
+// going to the client (toClient) or to the upstream, and a channel closed
+// when they change.
+func (p *Proxy) faults(toClient bool) (blackHole, reset bool, latency time.Duration, wake <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.blackHole, p.reset, p.latency, p.wake
+	return p.blackHole || toClient && p.dropBack, p.reset, p.latency, p.wake
 }
 
 // close stops the proxy for good and waits for all its goroutines.
@@ -217,10 +229,13 @@ func (p *Proxy) serve(ln net.Listener, c net.Conn) {
 	}
 	p.links[l] = struct{}{}
 	p.mu.Unlock()
-	for _, dir := range [...]struct{ src, dst net.Conn }{{c, u}, {u, c}} {
+	for _, dir := range [...]struct {
+		src, dst net.Conn
+		toClient bool
+	}{{c, u, false}, {u, c, true}} {
 		q := make(chan chunk, 64)
 		p.wg.Go(func() { p.read(l, dir.src, q) })
-		p.wg.Go(func() { p.write(l, dir.dst, q) })
+		p.wg.Go(func() { p.write(l, dir.dst, dir.toClient, q) })
 	}
 }
 
@@ -265,7 +280,7 @@ func (p *Proxy) read(l *link, src net.Conn, q chan<- chunk) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if _, reset, _, _ := p.faults(); reset {
+			if _, reset, _, _ := p.faults(false); reset {
 				l.close(true)
 				return
 			}
@@ -287,9 +302,9 @@ func (p *Proxy) read(l *link, src net.Conn, q chan<- chunk) {
 	}
 }
 
-// write writes what q delivers to dst, applying the faults, until q is
-// closed or the link is.
-func (p *Proxy) write(l *link, dst net.Conn, q <-chan chunk) {
+// write writes what q delivers to dst (the client when toClient), applying
+// the faults, until q is closed or the link is.
+func (p *Proxy) write(l *link, dst net.Conn, toClient bool, q <-chan chunk) {
 	for {
 		var (
 			c  chunk
@@ -301,7 +316,7 @@ func (p *Proxy) write(l *link, dst net.Conn, q <-chan chunk) {
 			return
 		}
 		for {
-			blackHole, _, latency, wake := p.faults()
+			blackHole, _, latency, wake := p.faults(toClient)
 			if blackHole {
 				l.tainted.Store(true) // drop it
 				break

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -504,6 +505,48 @@ func TestProxyBlackHole(t *testing.T) {
 	old.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if _, err := old.Read(make([]byte, 16)); err == nil || isTimeout(err) {
 		t.Errorf("black-holed connection after Restore: read %v, want it closed", err)
+	}
+}
+
+// TestProxyDropReplies: requests reach the upstream, replies are lost.
+func TestProxyDropReplies(t *testing.T) {
+	leakCheck(t)
+	var got atomic.Int64
+	upstream := listen(t, func(c net.Conn) {
+		buf := make([]byte, 64)
+		for {
+			n, err := c.Read(buf)
+			got.Add(int64(n))
+			if err != nil {
+				return
+			}
+			if _, err := c.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	})
+	p := NewProxy(t, upstream)
+	c := dial(t, p.Addr())
+	echo(t, c)
+	before := got.Load()
+
+	p.DropReplies()
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		t.Fatalf("write with replies dropped: %v", err)
+	}
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := c.Read(make([]byte, 16)); !isTimeout(err) {
+		t.Fatalf("read with replies dropped = %d, %v; want a timeout", n, err)
+	}
+	if n := got.Load() - before; n != 5 {
+		t.Errorf("the upstream received %d bytes of the request, want 5", n)
+	}
+
+	p.Restore()
+	echo(t, dial(t, p.Addr()))
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 16)); err == nil || isTimeout(err) {
+		t.Errorf("a connection that lost a reply, after Restore: read %v, want it closed", err)
 	}
 }
 
