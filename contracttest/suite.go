@@ -48,6 +48,8 @@ var conformanceTests = []conformanceTest{
 	{"CrashLiveness", testCrashLiveness},
 	{"LossOnKill", testLossOnKill},
 	{"PausedHolder", testPausedHolder},
+	{"PartitionedHolder", testPartitionedHolder},
+	{"AmbiguousAcquire", testAmbiguousAcquire},
 	{"LossOnRevoke", testLossOnRevoke},
 	{"Preemption", testPreemption},
 	{"SemaphoreLimit", testSemaphoreLimit},

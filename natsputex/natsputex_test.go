@@ -3,6 +3,7 @@ package natsputex_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/latchkey-go/latchkey/contracttest"
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
 	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/natsputex"
@@ -37,11 +39,15 @@ func uniqueBucket(prefix string) string {
 // before the suite runs), so that their goroutines are not counted as
 // leaks; each harness only owns its connections.
 type harness struct {
+	t      testing.TB
 	urls   string
 	bucket string
 	opts   []natsputex.Option
 	admin  *nats.Conn
 	kv     jetstream.KeyValue
+
+	mu      sync.Mutex
+	proxies []*testenv.Proxy // of faulty clients, cut at Close
 }
 
 type client struct {
@@ -105,7 +111,7 @@ func newHarnessFunc(urls, bucket string, opts ...natsputex.Option) contracttest.
 			natsputex.WithFailureThreshold(testF),
 			natsputex.WithConfirmations(testC),
 		}
-		return &harness{urls: urls, bucket: bucket, opts: append(base, opts...), admin: nc, kv: kv}, nil
+		return &harness{t: t, urls: urls, bucket: bucket, opts: append(base, opts...), admin: nc, kv: kv}, nil
 	}
 }
 
@@ -147,6 +153,13 @@ func (h *harness) Capabilities() contracttest.Capabilities {
 func (h *harness) IgnoreLeaks() []goleak.Option { return natsenv.ConsumerGoroutines() }
 
 func (h *harness) Close() error {
+	h.mu.Lock()
+	proxies := h.proxies
+	h.proxies = nil
+	h.mu.Unlock()
+	for _, p := range proxies {
+		p.Cut() // ends its goroutines before the suite looks for leaks
+	}
 	h.admin.Close()
 	return nil
 }

@@ -357,3 +357,35 @@ func (p *Proxy) write(l *link, dst net.Conn, toClient bool, q <-chan chunk) {
 		}
 	}
 }
+
+// Proxies are proxies faulted together: one client's links to several
+// brokers, such as Redlock masters. Each method applies to every proxy.
+type Proxies []*Proxy
+
+// Cut cuts every proxy; see [Proxy.Cut].
+func (ps Proxies) Cut() { ps.each((*Proxy).Cut) }
+
+// BlackHole black-holes every proxy; see [Proxy.BlackHole].
+func (ps Proxies) BlackHole() { ps.each((*Proxy).BlackHole) }
+
+// DropReplies drops every proxy's replies; see [Proxy.DropReplies].
+func (ps Proxies) DropReplies() { ps.each((*Proxy).DropReplies) }
+
+// ResetPeer makes every proxy reset its connections; see [Proxy.ResetPeer].
+func (ps Proxies) ResetPeer() { ps.each((*Proxy).ResetPeer) }
+
+// Latency delays every proxy's data by d; see [Proxy.Latency].
+func (ps Proxies) Latency(d time.Duration) {
+	for _, p := range ps {
+		p.Latency(d)
+	}
+}
+
+// Restore restores every proxy; see [Proxy.Restore].
+func (ps Proxies) Restore() { ps.each((*Proxy).Restore) }
+
+func (ps Proxies) each(f func(*Proxy)) {
+	for _, p := range ps {
+		f(p)
+	}
+}

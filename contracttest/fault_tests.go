@@ -1,0 +1,129 @@
+package contracttest
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// FaultHarness is an optional interface that may be implemented by a
+// [Harness] whose clients can reach the broker through a fault proxy
+// (testenv.Proxy, or testenv.Proxies for several masters): NewFaultyClient
+// is NewClient with every connection of the client going through link.
+type FaultHarness interface {
+	NewFaultyClient(ctx context.Context) (Client, Link, error)
+}
+
+// Link is one client's network path to its broker, which a test breaks on
+// purpose; *testenv.Proxy and testenv.Proxies implement it.
+type Link interface {
+	BlackHole()   // nothing gets through either way, not even a close
+	DropReplies() // requests reach the broker, replies are lost
+	Restore()     // undo the faults
+}
+
+// faultyClient makes a client behind a Link, or skips the test.
+func (e *env) faultyClient() (locks.Locker, Link) {
+	e.t.Helper()
+	fh, ok := e.h.(FaultHarness)
+	if !ok {
+		e.t.Skip("the harness cannot put a fault proxy in a client's path (no FaultHarness)")
+	}
+	c, link, err := fh.NewFaultyClient(e.ctx)
+	if err != nil {
+		e.t.Fatalf("NewFaultyClient: %v", err)
+	}
+	e.track(c)
+	if c.Locker() == nil {
+		e.t.Skip("the backend has no Locker")
+	}
+	return c.Locker(), link
+}
+
+// partitionRecovery bounds how long a name held by a client that went
+// silent (partitioned or paused: its sockets open) stays unavailable.
+func (e *env) partitionRecovery() time.Duration {
+	return bound(cmp.Or(e.caps.PauseRecovery, e.caps.CrashRecovery))
+}
+
+// testPartitionedHolder: a holder cut off by a black hole keeps nothing
+// it cannot prove: by the time another client holds the name, the cut-off
+// holder's lease has ended with ErrLost. After the partition heals, its
+// stale Release does not free the successor's lock.
+func testPartitionedHolder(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	a, link := e.faultyClient()
+	name := e.name()
+	held := e.mustTryLock(a, name)
+	link.BlackHole()
+	cut := time.Now()
+
+	b := e.locker()
+	ctx, cancel := context.WithTimeout(e.ctx, e.partitionRecovery())
+	lease, err := b.Lock(ctx, name)
+	cancel()
+	if err != nil {
+		t.Fatalf("with the holder partitioned, Lock(%q) failed after %v: %v", name, time.Since(cut).Round(time.Millisecond), err)
+	}
+	if held.Context().Err() == nil {
+		t.Fatalf("another client holds %q while the partitioned holder's lease is still live: two holders", name)
+	}
+	if cause := context.Cause(held.Context()); !errors.Is(cause, locks.ErrLost) {
+		t.Errorf("the partitioned holder's lease ended with %v, want ErrLost", cause)
+	}
+	t.Logf("a partitioned holder's lock came back after %v", time.Since(cut).Round(time.Millisecond))
+	if held.Token() != 0 && lease.Token() <= held.Token() {
+		t.Errorf("the successor's token %d is not above the partitioned holder's %d", lease.Token(), held.Token())
+	}
+
+	link.Restore()
+	rctx, rcancel := e.opCtx()
+	_ = held.Release(rctx) // stale: may fail, must not free the successor's lock
+	rcancel()
+	e.expectHeld(e.locker(), name, "after the healed holder's stale Release")
+	e.mustRelease(lease)
+}
+
+// testAmbiguousAcquire: an acquire whose reply is lost (it ran at the
+// broker, its caller never heard) gives its caller an error, and is then
+// either cleaned up or expires: another client holds the name within the
+// partition bound, and the name works for everyone after the link heals.
+func testAmbiguousAcquire(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	a, link := e.faultyClient()
+	name := e.name()
+	link.DropReplies()
+	actx, acancel := context.WithTimeout(e.ctx, 500*time.Millisecond)
+	lease, err := a.Lock(actx, name)
+	acancel()
+	if err == nil {
+		_ = lease.Release(context.Background())
+		t.Fatalf("Lock(%q) succeeded though no reply could reach it", name)
+	}
+	lost := time.Now()
+
+	b := e.locker()
+	ctx, cancel := context.WithTimeout(e.ctx, e.partitionRecovery())
+	got, err := b.Lock(ctx, name)
+	cancel()
+	if err != nil {
+		t.Fatalf("after an acquire whose reply was lost, Lock(%q) failed after %v: %v", name, time.Since(lost).Round(time.Millisecond), err)
+	}
+	t.Logf("the name of an ambiguous acquire came back after %v", time.Since(lost).Round(time.Millisecond))
+	e.mustRelease(got)
+
+	link.Restore() // a request racing the reconnection may be lost: allow a retry
+	ctx, cancel = e.opCtx()
+	again, err := a.Lock(ctx, name)
+	cancel()
+	if err != nil {
+		t.Fatalf("after the link healed, the client of the ambiguous acquire cannot Lock(%q): %v", name, err)
+	}
+	e.mustRelease(again)
+}
