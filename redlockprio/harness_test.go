@@ -39,9 +39,11 @@ func newRedis(addr string) *redis.Client {
 // harness runs the conformance suite on masters started once per test
 // function (so that their goroutines predate each subtest's leak check).
 type harness struct {
-	addrs []string
-	mu    sync.Mutex
-	made  []*client
+	t       testing.TB // for NewFaultyClient's proxies
+	addrs   []string
+	mu      sync.Mutex
+	made    []*client
+	proxies testenv.Proxies // of faulty clients, cut at Close
 }
 
 type client struct {
@@ -126,11 +128,13 @@ func (h *harness) Capabilities() contracttest.Capabilities {
 func (h *harness) Close() error {
 	h.mu.Lock()
 	made := h.made
-	h.made = nil
+	proxies := h.proxies
+	h.made, h.proxies = nil, nil
 	h.mu.Unlock()
 	for _, c := range made {
 		_ = c.Close()
 	}
+	proxies.Cut() // ends their goroutines before the suite looks for leaks
 	return nil
 }
 
@@ -197,8 +201,8 @@ func runConformance(t *testing.T, n int) {
 	for _, s := range servers {
 		addrs = append(addrs, s.Addr())
 	}
-	contracttest.RunConformanceTests(t, func(context.Context, testing.TB) (contracttest.Harness, error) {
-		return &harness{addrs: addrs}, nil
+	contracttest.RunConformanceTests(t, func(_ context.Context, t testing.TB) (contracttest.Harness, error) {
+		return &harness{t: t, addrs: addrs}, nil
 	})
 }
 
