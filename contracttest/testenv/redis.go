@@ -79,7 +79,8 @@ func RedisAddrs(t testing.TB) []string {
 // to call from several goroutines; each waits for the previous one to finish.
 // The server is stopped at the end of the test that started it.
 type RedisServer struct {
-	addr string
+	addr    string
+	tlsAddr string
 
 	mu      sync.Mutex
 	r       redisRunner
@@ -110,14 +111,36 @@ type redisRunner interface {
 // kill. StartRedis must be called from the goroutine running the test.
 func StartRedis(t testing.TB, n int) []*RedisServer {
 	t.Helper()
+	return StartRedisWith(t, n, RedisConfig{})
+}
+
+// RedisConfig is what [StartRedisWith] adds to the servers it starts.
+type RedisConfig struct {
+	// TLS, if set, makes each server also listen with TLS, on
+	// [RedisServer.TLSAddr], presenting TLS's certificate and accepting
+	// clients with or without one.
+	TLS *TLS
+	// Args are more redis-server arguments, such as an ACL user:
+	// "--user", "alice", "on", ">secret", "~*", "&*", "+@all".
+	Args []string
+}
+
+// StartRedisWith is [StartRedis] with cfg. With TLS or Args it needs the
+// local redis-server: it calls [Missing] rather than use Docker.
+func StartRedisWith(t testing.TB, n int, cfg RedisConfig) []*RedisServer {
+	t.Helper()
 	if n < 1 {
 		t.Fatalf("testenv: StartRedis(%d): n must be at least 1", n)
 	}
+	custom := cfg.TLS != nil || len(cfg.Args) > 0
 	var newRunner func(port int) redisRunner
 	if bin, err := exec.LookPath("redis-server"); err == nil {
 		newRunner = func(port int) redisRunner {
-			return &redisProc{bin: bin, dir: t.TempDir(), port: port}
+			return &redisProc{bin: bin, dir: t.TempDir(), port: port, cfg: cfg}
 		}
+	} else if custom {
+		Missing(t, "redis-server", "TLS and ACL tests run the local redis-server: install Redis (apt-get install redis-server, brew install redis)")
+		return nil
 	} else if pool, derr := dockerPool(); derr == nil {
 		newRunner = func(port int) redisRunner {
 			return &redisContainer{t: t, pool: pool, port: port}
@@ -137,6 +160,11 @@ func StartRedis(t testing.TB, n int) []*RedisServer {
 		for range redisStartAttempts {
 			port := FreePort(t)
 			s = &RedisServer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), r: newRunner(port)}
+			if cfg.TLS != nil {
+				tp := FreePort(t)
+				s.r.(*redisProc).tlsPort = tp
+				s.tlsAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(tp))
+			}
 			if err = s.r.start(); err == nil {
 				break
 			}
@@ -158,6 +186,10 @@ func StartRedis(t testing.TB, n int) []*RedisServer {
 // Addr returns the server's address, "127.0.0.1:port". It does not change
 // across [RedisServer.Restart].
 func (s *RedisServer) Addr() string { return s.addr }
+
+// TLSAddr returns the server's TLS address, "127.0.0.1:port", or "" when
+// it was started without [RedisConfig.TLS].
+func (s *RedisServer) TLSAddr() string { return s.tlsAddr }
 
 // Kill kills the server abruptly (SIGKILL, as a crash would), resuming it
 // first if it is paused, and returns once the process is gone and its port
@@ -271,9 +303,11 @@ func portClosed(addr string) error {
 
 // redisProc runs redis-server as a child process.
 type redisProc struct {
-	bin  string
-	dir  string
-	port int
+	bin     string
+	dir     string
+	port    int
+	tlsPort int // 0 for none
+	cfg     RedisConfig
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed once cmd has been waited for
@@ -291,6 +325,16 @@ func (p *redisProc) start() error {
 		"--dir", p.dir,
 		"--logfile", "",
 	)
+	if p.tlsPort != 0 {
+		p.cmd.Args = append(p.cmd.Args,
+			"--tls-port", strconv.Itoa(p.tlsPort),
+			"--tls-cert-file", p.cfg.TLS.CertFile,
+			"--tls-key-file", p.cfg.TLS.KeyFile,
+			"--tls-ca-cert-file", p.cfg.TLS.CAFile,
+			"--tls-auth-clients", "optional",
+		)
+	}
+	p.cmd.Args = append(p.cmd.Args, p.cfg.Args...)
 	p.cmd.Stdout = p.out
 	p.cmd.Stderr = p.out
 	// Its own process group, so that a ^C on the test does not reach it

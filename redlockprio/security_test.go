@@ -1,0 +1,75 @@
+package redlockprio_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/redlockprio"
+)
+
+// TestTLSAndACLUser runs locks, contention and a theft over TLS as an ACL
+// user limited to the library's keys and channels, on three masters; a
+// wrong password fails without the password in the error.
+func TestTLSAndACLUser(t *testing.T) {
+	const user, password = "locker", "s3cret-Pw-4-test"
+	certs := testenv.NewTLS(t)
+	servers := testenv.StartRedisWith(t, 3, testenv.RedisConfig{
+		TLS:  certs,
+		Args: []string{"--user", user, "on", ">" + password, "~latchkey:*", "&latchkey:*", "+@all"},
+	})
+	newLocker := func(pw string, opts ...redlockprio.Option) *redlockprio.Locker {
+		var ms []redis.UniversalClient
+		for _, s := range servers {
+			rc := redis.NewClient(&redis.Options{
+				Addr: s.TLSAddr(), TLSConfig: certs.Client.Clone(),
+				Username: user, Password: pw,
+				ContextTimeoutEnabled: true, MaxRetries: -1,
+			})
+			t.Cleanup(func() { _ = rc.Close() })
+			ms = append(ms, rc)
+		}
+		l, err := redlockprio.New(ms, append([]redlockprio.Option{redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		return l
+	}
+	ctx := ctxFor(t, 10*time.Second)
+	name := uniqueName(t)
+
+	a, b := newLocker(password), newLocker(password, redlockprio.WithPriority(5))
+	lease, err := a.Lock(ctx, name)
+	if err != nil {
+		t.Fatalf("Lock over TLS as %s: %v", user, err)
+	}
+	if lease.Token() == 0 {
+		t.Errorf("no fencing token over TLS")
+	}
+	stolen, err := b.Lock(ctx, name) // a higher priority: a theft, notified over pub/sub
+	if err != nil {
+		t.Fatalf("theft over TLS: %v", err)
+	}
+	if !errors.Is(context.Cause(lease.Context()), locks.ErrPreempted) {
+		t.Errorf("the victim's lease ended with %v, want ErrPreempted", context.Cause(lease.Context()))
+	}
+	if err := stolen.Release(ctx); err != nil {
+		t.Fatalf("Release over TLS: %v", err)
+	}
+
+	_, err = newLocker("wrong-"+password).TryLock(ctx, name)
+	if err == nil {
+		t.Fatal("TryLock with a wrong password succeeded")
+	}
+	if strings.Contains(err.Error(), password) {
+		t.Errorf("the error shows the password: %v", err)
+	}
+	t.Logf("wrong password: %v", err)
+}
