@@ -64,16 +64,19 @@ func (p *lockProc) lastState() string {
 	return lines[len(lines)-1]
 }
 
-func startNatslock(t *testing.T, bin, url, bucket, key, name string) *lockProc {
+// startNatslock starts natslock on key as node name, with more flags if
+// given.
+func startNatslock(t *testing.T, bin, url, bucket, key, name string, flags ...string) *lockProc {
 	t.Helper()
 	dir := t.TempDir()
 	p := &lockProc{name: name, state: filepath.Join(dir, "state"), done: make(chan struct{})}
-	p.cmd = exec.Command(bin,
+	args := append([]string{
 		"-r", testR.String(), "-f", "3", "-c", "1",
 		"-healthcheck", "true",
-		"-start", "echo start >> "+p.state,
-		"-stop", "echo stop >> "+p.state,
-		url, bucket, key, name)
+		"-start", "echo start >> " + p.state,
+		"-stop", "echo stop >> " + p.state,
+	}, flags...)
+	p.cmd = exec.Command(bin, append(args, url, bucket, key, name)...)
 	p.cmd.Stdout, p.cmd.Stderr = p, p
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

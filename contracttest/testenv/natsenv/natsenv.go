@@ -10,6 +10,7 @@
 package natsenv
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -83,10 +84,11 @@ type Server struct {
 	url  string
 	log  *logger
 
-	mu   sync.Mutex
-	opts *server.Options // the client port is fixed after the first start
-	ns   *server.Server  // nil while shut down
-	done bool            // shut down for good by the cleanup
+	mu     sync.Mutex
+	opts   *server.Options // the client port is fixed after the first start
+	scheme string          // of URL: "nats", or "tls" with TLS
+	ns     *server.Server  // nil while shut down
+	done   bool            // shut down for good by the cleanup
 }
 
 // StartServer starts a single NATS server with JetStream on a free port of
@@ -96,7 +98,31 @@ type Server struct {
 // the test.
 func StartServer(t testing.TB) *Server {
 	t.Helper()
+	return StartServerWith(t, ServerConfig{})
+}
+
+// ServerConfig is what [StartServerWith] adds to a server.
+type ServerConfig struct {
+	// TLS, if set, makes the server require TLS with TLS's certificate
+	// (clients trust TLS.CAFile); client certificates are verified if
+	// given. URL then starts with tls://.
+	TLS *testenv.TLS
+	// User and Password, if set, are the one user clients must
+	// authenticate as.
+	User, Password string
+}
+
+// StartServerWith is [StartServer] with cfg.
+func StartServerWith(t testing.TB, cfg ServerConfig) *Server {
+	t.Helper()
 	s := newServer(t, fmt.Sprintf("latchkey-%d", seq.Add(1)), nil)
+	if cfg.TLS != nil {
+		s.opts.TLS = true
+		s.opts.TLSConfig = cfg.TLS.Server.Clone()
+		s.opts.TLSTimeout = 5
+		s.scheme = "tls"
+	}
+	s.opts.Username, s.opts.Password = cfg.User, cfg.Password
 	if err := s.start(); err != nil {
 		t.Fatalf("natsenv: %v", err)
 	}
@@ -220,7 +246,7 @@ func (s *Server) startLocked() error {
 	}
 	if s.opts.Port == server.RANDOM_PORT {
 		s.opts.Port = ns.Addr().(*net.TCPAddr).Port
-		s.url = "nats://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.opts.Port))
+		s.url = cmp.Or(s.scheme, "nats") + "://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.opts.Port))
 	}
 	s.ns = ns
 	return nil
