@@ -36,9 +36,10 @@ type Client struct {
 	heartbeat time.Duration // negotiated, > 0
 	verify    time.Duration
 
-	pool   chan *amqp.Channel
-	probes *prober
-	wakes  *waker
+	pool     chan *amqp.Channel
+	probes   *prober // acquires, scans and administration
+	verifier *prober // lease verification, which a long scan must not delay
+	wakes    *waker
 
 	mu     sync.Mutex
 	closed bool
@@ -102,8 +103,16 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 		},
 	}
 	conn, err := amqp.DialConfig(url, cfg)
-	if stopDeadline != nil {
-		stopDeadline()
+	if stopDeadline != nil && !stopDeadline() && err == nil {
+		// Dial's context ended after the handshakes but before the
+		// deadline could be disarmed: the connection's deadline is (being)
+		// set in the past, and the connection dies with it.
+		_ = conn.CloseDeadline(time.Now().Add(time.Second))
+		cerr := ctx.Err()
+		if cerr == nil {
+			cerr = dctx.Err() // the connect timeout
+		}
+		return nil, fmt.Errorf("amqpsem: dial %s: %w", redact(uri), cerr)
 	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -127,6 +136,7 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	}
 	c.verify = verifyInterval(o.verify, hb)
 	c.probes = &prober{c: c, sem: make(chan struct{}, 1)}
+	c.verifier = &prober{c: c, sem: make(chan struct{}, 1)}
 	c.wakes = &waker{c: c, subs: map[string]map[chan struct{}]struct{}{}, bound: map[string]bool{}}
 	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
 	c.wg.Add(1)
@@ -257,12 +267,15 @@ func (c *Client) putChannel(ch *amqp.Channel) {
 	}
 }
 
-// connErr wraps err with locks.ErrClosed when the connection is gone.
+// connErr wraps err with locks.ErrClosed when the connection is gone. A
+// channel-level error, amqp.ErrClosed from a channel the broker closed
+// included, leaves the connection and its exclusive queues in place: it is
+// returned as it is.
 func (c *Client) connErr(err error) error {
 	if err == nil {
 		return nil
 	}
-	if c.conn.IsClosed() || errors.Is(err, amqp.ErrClosed) {
+	if c.conn.IsClosed() {
 		if cerr := c.errClosed(); cerr != nil {
 			return fmt.Errorf("%w: %w", cerr, err)
 		}
@@ -342,7 +355,10 @@ func amqpCode(err error) int {
 type holding struct {
 	queue   string
 	wakeKey string
-	once    sync.Once
+
+	mu      sync.Mutex
+	freeing bool          // a free has started
+	freed   chan struct{} // closed when it is over; err is then set
 	err     error
 }
 
@@ -357,7 +373,7 @@ func (c *Client) reserve(queue, wakeKey string) (*holding, error) {
 	if c.held[queue] != nil {
 		return nil, nil
 	}
-	h := &holding{queue: queue, wakeKey: wakeKey}
+	h := &holding{queue: queue, wakeKey: wakeKey, freed: make(chan struct{})}
 	c.held[queue] = h
 	return h, nil
 }
@@ -389,29 +405,56 @@ func (c *Client) declareExclusive(ctx context.Context, h *holding, args amqp.Tab
 	}, func() { _ = c.free(context.Background(), h) })
 }
 
+// freeAttempts bounds the deletes of one free on fresh channels after the
+// first one's channel broke.
+const freeAttempts = 3
+
 // free deletes h's queue, once, and wakes the waiters of its key. When the
 // connection is gone, the queue is gone with it (or will be soon) and free
-// reports no error.
+// reports no error. When the delete fails while the connection lives (its
+// channel was closed by the broker for an earlier error on it), the queue
+// is still there: free tries again on a fresh channel. Later calls return
+// the first one's result, waiting for it until their ctx ends.
 func (c *Client) free(ctx context.Context, h *holding) error {
-	h.once.Do(func() {
-		err := c.call(ctx, func(ch *amqp.Channel) error {
-			_, err := ch.QueueDelete(h.queue, false, false, false)
-			if err == nil || c.conn.IsClosed() {
-				c.unreserve(h)
+	h.mu.Lock()
+	first := !h.freeing
+	h.freeing = true
+	h.mu.Unlock()
+	if !first {
+		select {
+		case <-h.freed:
+			return h.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	defer close(h.freed)
+	err := c.call(ctx, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(h.queue, false, false, false)
+		for try := 1; err != nil && !c.conn.IsClosed() && try < freeAttempts; try++ {
+			var fresh *amqp.Channel
+			if fresh, err = c.conn.Channel(); err == nil {
+				_, err = fresh.QueueDelete(h.queue, false, false, false)
+				c.putChannel(fresh)
 			}
-			if err == nil && c.opts.wakeExchange != "" && h.wakeKey != "" {
-				_ = ch.Publish(c.opts.wakeExchange, h.wakeKey, false, false, amqp.Publishing{Expiration: "60000"})
-			}
-			return err
-		}, nil)
-		if errors.Is(err, locks.ErrClosed) {
+		}
+		if err == nil || c.conn.IsClosed() {
 			c.unreserve(h)
-			err = nil
 		}
-		if err != nil {
-			err = fmt.Errorf("amqpsem: delete queue %q: %w", h.queue, err)
+		if err == nil {
+			c.wakes.publish(h.wakeKey)
 		}
-		h.err = err
-	})
-	return h.err
+		return err
+	}, nil)
+	if errors.Is(err, locks.ErrClosed) {
+		// Only when the connection is gone, and its exclusive queues
+		// with it.
+		c.unreserve(h)
+		err = nil
+	}
+	if err != nil {
+		err = fmt.Errorf("amqpsem: delete queue %q: %w", h.queue, err)
+	}
+	h.err = err
+	return err
 }

@@ -27,16 +27,25 @@
 // A slot or mutex is held exactly as long as the broker sees the holder's
 // connection alive. When the holder's process dies or its socket closes,
 // the broker frees its queues at once. When the holder is cut off without
-// a close (a black-holed network, a frozen host), the broker frees them
-// after two missed heartbeats: between two and three heartbeat intervals
-// ([WithHeartbeat], 10s by default, so up to 30s). On the holder's side,
-// its lease ends with [locks.ErrLost] when its connection closes, or when
+// a close (a black-holed network, a frozen or powered-off host), the
+// broker frees them once its heartbeat check gives up on the connection.
+// RabbitMQ calls this "two missed heartbeats", but it checks for incoming
+// data once per interval and gives up after two checks in a row found
+// none: between two and three intervals after the last frame it received.
+// So a holder cut off keeps its slot for up to three heartbeat intervals
+// (the negotiated interval, [Client.Heartbeat], at most what
+// [WithHeartbeat] asks for: 10s by default, so up to 30s), not two, plus
+// the moment it takes to delete its queues. On the holder's side, its
+// lease ends with [locks.ErrLost] when its connection closes, or when
 // no verification ([WithVerifyInterval]) has succeeded for one heartbeat
 // interval: before the broker can free its slot, so a cut-off holder stops
 // before anyone else starts. A lease also ends with [locks.ErrLost] and
 // [ErrSlotRemoved] when a verification finds its slot removed by an
-// administrator; the holder then deletes its B queue, letting go as the
-// specification requires of holders of removed slots.
+// administrator. Whenever a lease ends with [locks.ErrLost] while its
+// connection is still open (its slot removed, its verifications failing
+// or too slow), the client deletes its queue in the background without
+// waiting for Release, letting go as the specification requires of
+// holders of removed slots.
 //
 // A clean release deletes the queue and publishes to the wake exchange
 // ([WithWakeExchange], amq.direct), which wakes waiting clients at once;

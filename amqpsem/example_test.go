@@ -39,35 +39,45 @@ func Example() {
 
 // A mutex on one exclusive queue; Lock waits for a release.
 func ExampleMutex() {
+	// The mutex "example-migrations" is the exclusive queue of that name.
+	fmt.Println("queue", amqpsem.DefaultLayout.Mutex("example-migrations"))
+
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := amqpsem.Dial(ctx, "amqp://guest:guest@127.0.0.1:5672/",
-		amqpsem.WithHeartbeat(5*time.Second)) // a crashed holder is gone within 10-15s
+		amqpsem.WithHeartbeat(5*time.Second)) // a cut-off holder is gone within 15s
 	if err != nil {
-		log.Print(err)
+		log.Print(err) // no broker here
 		return
 	}
 	defer c.Close()
 	m, _ := c.Mutex()
 	lease, err := m.Lock(ctx, "example-migrations")
 	if err != nil {
-		log.Fatal(err)
+		log.Print(err)
+		return
 	}
 	defer lease.Release(ctx)
-	fmt.Println("token", lease.Token()) // no fencing tokens on RabbitMQ
-	// Output: token 0
+	// Run the migrations under lease.Context(): it ends if the mutex is
+	// lost. lease.Token() is 0: RabbitMQ has no fencing tokens.
+
+	// Output: queue example-migrations
 }
 
 // Share a semaphore with the existing Python implementation.
 func ExamplePythonLayout() {
+	fmt.Println(amqpsem.PythonLayout.Slot("jobs", 1), amqpsem.PythonLayout.Holder("jobs", 1))
+
 	ctx := context.Background()
 	c, err := amqpsem.Dial(ctx, "amqp://guest:guest@127.0.0.1:5672/",
 		amqpsem.WithLayout(amqpsem.PythonLayout))
 	if err != nil {
-		log.Print(err)
+		log.Print(err) // no broker here
 		return
 	}
 	defer c.Close()
-	fmt.Println(amqpsem.PythonLayout.Slot("jobs", 1), amqpsem.PythonLayout.Holder("jobs", 1))
+	// Semaphores, Mutexes and Admins of c use the Python implementation's
+	// queue names.
+
 	// Output: jobs-A-1 jobs-B-1
 }

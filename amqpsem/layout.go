@@ -46,8 +46,9 @@ type Layout struct {
 	Args amqp.Table
 	// Check, if not nil, rejects names whose queues could be mistaken for
 	// another semaphore's (for the default layout, names that end like a
-	// slot or holder queue). It returns a plain reason; the caller wraps
-	// it with [locks.ErrInvalidName].
+	// slot or holder queue). It applies to semaphore and mutex names
+	// alike. It returns a plain reason; the caller wraps it with
+	// [locks.ErrInvalidName].
 	Check func(name string) error
 }
 
@@ -124,10 +125,18 @@ func queueName(q string) error {
 // control characters. The queue names made from it are checked after.
 var names = locks.NameRule{What: "amqpsem name", MaxLen: maxShortString}
 
-// checkMutexName validates a mutex name and returns its queue.
+// checkMutexName validates a mutex name and returns its queue. The
+// layout's Check applies: a mutex on a name that ends like a slot or
+// holder queue would be that queue (for [DefaultLayout], a mutex on
+// "jobs-3-A" would create slot 3 of the semaphore jobs).
 func (l Layout) checkMutexName(name string) (string, error) {
 	if err := names.Check(name); err != nil {
 		return "", err
+	}
+	if l.Check != nil {
+		if err := l.Check(name); err != nil {
+			return "", fmt.Errorf("%w %q: %w", locks.ErrInvalidName, name, err)
+		}
 	}
 	q := l.Mutex(name)
 	if err := queueName(q); err != nil {
@@ -136,16 +145,16 @@ func (l Layout) checkMutexName(name string) (string, error) {
 	return q, nil
 }
 
+// CheckName reports whether name is a valid semaphore name under l: the
+// check every [Semaphore] and [Admin] call makes before any I/O. The
+// error matches [locks.ErrInvalidName].
+func (l Layout) CheckName(name string) error { return l.checkSemName(name) }
+
 // checkSemName validates a semaphore name: every queue it can have, up to
 // MaxSlots, must be legal.
 func (l Layout) checkSemName(name string) error {
 	if _, err := l.checkMutexName(name); err != nil {
 		return err
-	}
-	if l.Check != nil {
-		if err := l.Check(name); err != nil {
-			return fmt.Errorf("%w %q: %w", locks.ErrInvalidName, name, err)
-		}
 	}
 	for _, q := range []string{l.Slot(name, MaxSlots), l.Holder(name, MaxSlots), l.Slot(name, 1), l.Holder(name, 1)} {
 		if err := queueName(q); err != nil {

@@ -22,8 +22,10 @@ var ErrSlotRemoved = errors.New("amqpsem: slot removed")
 // The lease ends with [locks.ErrLost] when its connection closes, when a
 // verification finds its slot removed (see [WithVerifyInterval]), or when
 // no verification has succeeded for one heartbeat interval (the broker
-// may then drop the connection, and the queue with it). Token is always
-// 0: RabbitMQ gives nothing to build a fencing token from.
+// may then drop the connection, and the queue with it). When it ends so
+// while the connection is open, the client deletes its queue in the
+// background, without waiting for Release. Token is always 0: RabbitMQ
+// gives nothing to build a fencing token from.
 //
 // A Lease is safe for concurrent use.
 type Lease struct {
@@ -57,9 +59,28 @@ func (c *Client) newLease(ctx context.Context, name string, slot int, slotQueue 
 		c.mu.Lock()
 		delete(c.leases, l)
 		c.mu.Unlock()
+		l.letGo()
 	})
 	l.base.KeepAlive(c.verify, l.renew)
 	return l, nil
+}
+
+// letGo deletes the queue of a lease that ended with [locks.ErrLost] while
+// its connection is open (a verification found the slot removed, or none
+// succeeded in time): the holder no longer believes it holds the slot, so
+// it must not keep it until a Release that may never come. The delete
+// runs in the background, bounded by a heartbeat interval, and
+// [Client.Close] waits for it.
+func (l *Lease) letGo() {
+	c := l.c
+	if !errors.Is(context.Cause(l.base.Context()), locks.ErrLost) || c.conn.IsClosed() {
+		return
+	}
+	c.goTracked(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.heartbeat)
+		defer cancel()
+		_ = c.free(ctx, l.h)
+	})
 }
 
 // Name returns the mutex or semaphore name.
@@ -110,7 +131,7 @@ func (l *Lease) renew(ctx context.Context) (time.Time, error) {
 	if l.slotQueue != "" {
 		queues = append(queues, l.slotQueue)
 	}
-	got, sent, err := l.c.probes.probe(ctx, queues...)
+	got, sent, err := l.c.verifier.probe(ctx, queues...)
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -49,9 +49,9 @@ type Option func(*options) error
 // WithHeartbeat sets the AMQP heartbeat interval the client asks for; the
 // broker may lower it, and a heartbeat in the URL wins. It is whole
 // seconds, at least 1s. A holder whose connection is silenced keeps its
-// slot at the broker for up to about two intervals (three at worst), and
-// its own lease ends within one interval of its last successful
-// verification. Connection option. The default is 10s.
+// slot at the broker for two to three intervals (see the package
+// documentation), and its own lease ends within one interval of its last
+// successful verification. Connection option. The default is 10s.
 func WithHeartbeat(d time.Duration) Option {
 	return func(o *options) error {
 		o.heartbeat, o.connSet = d, true

@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
+	"os/exec"
 	"regexp"
 	"sync"
 	"testing"
@@ -588,6 +591,13 @@ func TestPythonLayout(t *testing.T) {
 	if lease.Slot() != 2 || lease.Queue() != name+"-B-2" {
 		t.Fatalf("acquired slot %d (%q), want 2 (%q)", lease.Slot(), lease.Queue(), name+"-B-2")
 	}
+	// What the broker holds: our A queues as the Python implementation
+	// declares them, our B queue exclusive, all with x-max-length 0.
+	checkBrokerQueues(t, u, map[string]brokerQueue{
+		name + "-A-1": {Durable: false, Exclusive: false, MaxLength: 0},
+		name + "-A-2": {Durable: false, Exclusive: false, MaxLength: 0},
+		name + "-B-2": {Durable: false, Exclusive: true, MaxLength: 0},
+	})
 	// A Python client trying our slot is refused as it expects.
 	if err := r.declare(name+"-B-2", false, true, pyArgs); codeOf(err) != amqp.ResourceLocked {
 		t.Errorf("the Python declare of our %q gave %v, want RESOURCE_LOCKED", lease.Queue(), err)
@@ -680,4 +690,194 @@ func bytesOf(b byte, n int) []byte {
 func hostOf(t *testing.T, _ string) string {
 	_, host := amqpURL(t)
 	return host
+}
+
+// A mutex name that ends like a slot or holder queue is refused before
+// any I/O: its queue would be that slot or holder queue of another
+// semaphore (for the default layout, a mutex on "jobs-3-A" would create
+// slot 3 of jobs).
+func TestMutexReservedNames(t *testing.T) {
+	u, _ := amqpURL(t)
+	name := uniqueName(t, u)
+	ctx := tctx(t)
+	c := dial(t, u)
+	r := rawConn(t, u)
+	for _, lay := range []amqpsem.Layout{amqpsem.DefaultLayout, amqpsem.PythonLayout} {
+		m, err := c.Mutex(amqpsem.WithLayout(lay))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []string{lay.Slot(name, 3), lay.Holder(name, 3)} {
+			if l, err := m.TryLock(ctx, q); !errors.Is(err, locks.ErrInvalidName) {
+				if err == nil {
+					t.Errorf("TryLock(%q) = held (queue exists: %v), want ErrInvalidName", q, r.exists(q))
+					_ = l.Release(ctx)
+					continue
+				}
+				t.Errorf("TryLock(%q) = %v, want ErrInvalidName", q, err)
+			}
+			if l, err := m.Lock(ctx, q); !errors.Is(err, locks.ErrInvalidName) {
+				if err == nil {
+					_ = l.Release(ctx)
+				}
+				t.Errorf("Lock(%q) = %v, want ErrInvalidName", q, err)
+			}
+			if r.exists(q) {
+				t.Errorf("a refused mutex created %q", q)
+			}
+		}
+	}
+}
+
+// A release publishes its wake-up to the wake exchange; when that is
+// missing, the broker closes the publishing channel, a moment later. That
+// must not break the locks and releases that follow at once on the
+// client's other channels.
+func TestMissingWakeExchange(t *testing.T) {
+	u, _ := amqpURL(t)
+	ctx := tctx(t)
+	base := uniqueName(t, u)
+	c := dial(t, u, amqpsem.WithWakeExchange(base+"-no-such-exchange"))
+	m, err := c.Mutex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var queues []string
+	for i := range 40 {
+		l, err := m.TryLock(ctx, fmt.Sprintf("%s-%d", base, i))
+		if err != nil {
+			t.Fatalf("TryLock #%d, after a release: %v", i, err)
+		}
+		queues = append(queues, l.(*amqpsem.Lease).Queue())
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release #%d: %v", i, err)
+		}
+	}
+	r := rawConn(t, u)
+	for _, q := range queues {
+		if r.exists(q) {
+			t.Errorf("%q outlived its Release", q)
+		}
+	}
+}
+
+// hookConn calls onSet after each SetDeadline.
+type hookConn struct {
+	net.Conn
+	onSet func(time.Time)
+}
+
+func (c *hookConn) SetDeadline(t time.Time) error {
+	err := c.Conn.SetDeadline(t)
+	c.onSet(t)
+	return err
+}
+
+// Dial's context ending just after the handshakes, as the connection is
+// handed over, interrupts the connection: Dial must then return the
+// context's error, not a client whose connection dies at once.
+func TestDialCancelledAfterHandshake(t *testing.T) {
+	u, host := amqpURL(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	interrupted := make(chan struct{})
+	var once sync.Once
+	viaHook := amqpsem.WithDial(func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, host)
+		if err != nil {
+			return nil, err
+		}
+		return &hookConn{Conn: conn, onSet: func(t time.Time) {
+			switch {
+			case t.IsZero():
+				// The AMQP client clears the handshake deadline: the
+				// connection is open. End Dial's context now, and wait
+				// until Dial's interruption has set its past deadline.
+				cancel()
+				select {
+				case <-interrupted:
+				case <-time.After(5 * time.Second):
+				}
+			case t.Before(time.Unix(2, 0)):
+				once.Do(func() { close(interrupted) })
+			}
+		}}, nil
+	})
+	c, err := amqpsem.Dial(ctx, u, append(testOptions(), viaHook)...)
+	if err == nil {
+		_ = c.Close()
+		t.Fatal("Dial returned a client after its context ended and interrupted the connection")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Dial = %v, want context.Canceled", err)
+	}
+}
+
+// brokerQueue is what the broker says of a queue.
+type brokerQueue struct {
+	Durable, Exclusive bool
+	MaxLength          int // x-max-length; -1 when the argument is not set
+}
+
+// checkBrokerQueues checks the queues in want as the broker lists them
+// (rabbitmqctl list_queues): durability, exclusivity and x-max-length,
+// and that they have no other arguments. Where rabbitmqctl is missing,
+// fails, or talks to another broker than the test's (none of the queues
+// listed), it logs why and checks nothing.
+func checkBrokerQueues(t *testing.T, rawURL string, want map[string]brokerQueue) {
+	t.Helper()
+	uri, err := amqp.ParseURI(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		t.Log("rabbitmqctl not found: queue properties not checked at the broker")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, ctl, "list_queues", "-q", "-p", uri.Vhost, "--formatter", "json",
+		"name", "durable", "exclusive", "arguments").Output()
+	if err != nil {
+		t.Logf("rabbitmqctl list_queues: %v: queue properties not checked at the broker", err)
+		return
+	}
+	var listed []struct {
+		Name               string
+		Durable, Exclusive bool
+		Arguments          [][]any // [name, type, value]
+	}
+	if err := json.Unmarshal(out, &listed); err != nil {
+		t.Fatalf("rabbitmqctl list_queues output: %v\n%s", err, out)
+	}
+	got := map[string]brokerQueue{}
+	for _, q := range listed {
+		if _, ok := want[q.Name]; !ok {
+			continue
+		}
+		bq := brokerQueue{Durable: q.Durable, Exclusive: q.Exclusive, MaxLength: -1}
+		for _, a := range q.Arguments {
+			if len(a) == 3 && a[0] == "x-max-length" {
+				if v, ok := a[2].(float64); ok {
+					bq.MaxLength = int(v)
+				}
+				continue
+			}
+			t.Errorf("queue %q has argument %v, want only x-max-length", q.Name, a)
+		}
+		got[q.Name] = bq
+	}
+	if len(got) == 0 {
+		t.Logf("rabbitmqctl lists none of %d queues: it talks to another broker; queue properties not checked there", len(want))
+		return
+	}
+	for name, w := range want {
+		if g, ok := got[name]; !ok {
+			t.Errorf("queue %q is not at the broker", name)
+		} else if g != w {
+			t.Errorf("queue %q at the broker: %+v, want %+v", name, g, w)
+		}
+	}
 }

@@ -20,6 +20,36 @@ type waker struct {
 	broken bool                                  // wake-ups unavailable: waiters poll
 	subs   map[string]map[chan struct{}]struct{} // key -> waiters
 	bound  map[string]bool                       // keys bound at the broker
+
+	pubMu sync.Mutex
+	pub   *amqp.Channel // releases publish here; see publish
+}
+
+// publish announces that key was released. It publishes on a channel of
+// its own, never a pooled one: a publish to a missing exchange makes the
+// broker close its channel, later and asynchronously, which must not fail
+// an unrelated call that took the channel from the pool next. A closed
+// publish channel is reopened. Wake-ups are best effort: a lost one only
+// costs waiters latency.
+func (w *waker) publish(key string) {
+	if w.c.opts.wakeExchange == "" || key == "" {
+		return
+	}
+	w.pubMu.Lock()
+	defer w.pubMu.Unlock()
+	for range 2 { // a channel found open may close under the publish
+		if w.pub == nil || w.pub.IsClosed() {
+			ch, err := w.c.conn.Channel()
+			if err != nil {
+				return
+			}
+			w.pub = ch
+		}
+		err := w.pub.Publish(w.c.opts.wakeExchange, key, false, false, amqp.Publishing{Expiration: "60000"})
+		if err == nil || w.c.conn.IsClosed() {
+			return
+		}
+	}
 }
 
 // subscribe returns a channel that receives a value when key is released.

@@ -29,6 +29,8 @@ import (
 	"syscall"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/latchkey-go/latchkey/amqpsem"
 	"github.com/latchkey-go/latchkey/locks"
 )
@@ -70,8 +72,10 @@ Exit codes:
   1  error (broker unreachable, refused, ...)
   2  usage error (bad flags, arguments, names or sizes)
   3  not acquired: every slot held (--try), or --timeout passed
-  4  acquire: the slot was lost while CMD ran (CMD was sent SIGTERM)
-  acquire otherwise exits with CMD's own exit status.
+  4  acquire: the slot was lost while CMD ran (CMD was sent SIGTERM, and
+     SIGKILL if it had not exited after --grace)
+  acquire otherwise exits with CMD's own exit status, or 128+N when CMD was
+  killed by signal N.
 
 Flags:
 `
@@ -96,7 +100,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		layout     = fs.String("layout", "default", `queue layout: "default" (N-i-A, N-i-B) or "python" (N-A-i, N-B-i)`)
 		timeout    = fs.Duration("timeout", 0, "give up after this long (0: no limit); exit code 3")
 		try        = fs.Bool("try", false, "acquire: fail at once (exit code 3) when every slot is held")
-		heartbeat  = fs.Duration("heartbeat", 10*time.Second, "AMQP heartbeat: a crashed holder keeps its slot up to 2-3 of these")
+		heartbeat  = fs.Duration("heartbeat", 10*time.Second, "AMQP heartbeat: a holder cut off without a close keeps its slot for 2 to 3 of these")
 		overshoot  = fs.Int("overshoot", 8, "admin changes first delete stray slot queues up to this far above the maximum")
 		ascending  = fs.Bool("ascending", false, `delete slot queues in ascending order ("Swiss cheese")`)
 		beyond     = fs.Int("beyond", 64, "status, wait: look this many slots above the maximum for holders of removed slots")
@@ -105,6 +109,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		tlsKey     = fs.String("tls-key", "", "PEM client key file (amqps)")
 		tlsServer  = fs.String("tls-server-name", "", "server name to verify (amqps; default: the URL's host)")
 		tlsNoCheck = fs.Bool("tls-insecure", false, "do not verify the server's certificate (amqps; testing only)")
+		grace      = fs.Duration("grace", 10*time.Second, "acquire: when the slot is lost, how long CMD has to exit after SIGTERM before SIGKILL")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -127,14 +132,37 @@ func run(args []string, stdout, stderr io.Writer) int {
 		amqpsem.WithHeartbeat(*heartbeat), amqpsem.WithOvershoot(*overshoot),
 		amqpsem.WithAscendingDelete(*ascending), amqpsem.WithConnectionName("amqpsem " + verb + " " + name),
 	}
+	lay := amqpsem.DefaultLayout
 	switch *layout {
 	case "default":
 	case "python":
-		opts = append(opts, amqpsem.WithLayout(amqpsem.PythonLayout))
+		lay = amqpsem.PythonLayout
+		opts = append(opts, amqpsem.WithLayout(lay))
 	default:
 		return fail(exitUsage, "unknown layout %q", *layout)
 	}
-	if *tlsCA != "" || *tlsCert != "" || *tlsServer != "" || *tlsNoCheck {
+	if err := lay.CheckName(name); err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+	switch {
+	case *timeout < 0:
+		return fail(exitUsage, "--timeout must not be negative, got %v", *timeout)
+	case *grace < 0:
+		return fail(exitUsage, "--grace must not be negative, got %v", *grace)
+	case *beyond < 0 || *beyond > amqpsem.MaxSlots:
+		return fail(exitUsage, "--beyond must be in 0..%d, got %d", amqpsem.MaxSlots, *beyond)
+	}
+	uri, err := amqp.ParseURI(*url)
+	if err != nil {
+		return fail(exitUsage, "--url: %v", err)
+	}
+	if *tlsCA != "" || *tlsCert != "" || *tlsKey != "" || *tlsServer != "" || *tlsNoCheck {
+		if uri.Scheme != "amqps" {
+			return fail(exitUsage, "--tls-* flags need an amqps:// URL, got %s://", uri.Scheme)
+		}
+		if (*tlsCert == "") != (*tlsKey == "") {
+			return fail(exitUsage, "--tls-cert and --tls-key go together")
+		}
 		cfg, err := tlsConfig(*tlsCA, *tlsCert, *tlsKey, *tlsServer, *tlsNoCheck)
 		if err != nil {
 			return fail(exitUsage, "%v", err)
@@ -235,7 +263,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "no removed slot of %s is held\n", name)
 		}
 	case "acquire":
-		return acquire(ctx, c, name, *try, rest, stdout, stderr)
+		return acquire(ctx, c, name, *try, *grace, rest, stdout, stderr)
 	}
 	if err != nil {
 		return fail(code(err), "%v", err)
@@ -273,7 +301,7 @@ func printStatus(w io.Writer, name string, st amqpsem.Status) {
 }
 
 // acquire runs argv while holding a slot of name.
-func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, argv []string, stdout, stderr io.Writer) int {
+func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grace time.Duration, argv []string, stdout, stderr io.Writer) int {
 	s, err := c.Semaphore()
 	if err != nil {
 		fmt.Fprintf(stderr, "amqpsem: %v\n", err)
@@ -317,6 +345,7 @@ func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, argv
 	go func() { done <- cmd.Wait() }()
 	lost := false
 	leaseDone := lease.Context().Done()
+	var kill <-chan time.Time
 	for {
 		select {
 		case err := <-done:
@@ -327,6 +356,9 @@ func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, argv
 			var ee *exec.ExitError
 			switch {
 			case errors.As(err, &ee):
+				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+					return 128 + int(ws.Signal()) // as shells report it
+				}
 				return ee.ExitCode()
 			case err != nil:
 				fmt.Fprintf(stderr, "amqpsem: %v\n", err)
@@ -338,6 +370,13 @@ func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, argv
 		case <-leaseDone:
 			leaseDone, lost = nil, true
 			_ = cmd.Process.Signal(syscall.SIGTERM)
+			t := time.NewTimer(grace)
+			defer t.Stop()
+			kill = t.C
+		case <-kill:
+			kill = nil
+			fmt.Fprintf(stderr, "amqpsem: the command did not exit %v after SIGTERM: killing it\n", grace)
+			_ = cmd.Process.Kill()
 		}
 	}
 }

@@ -1,0 +1,169 @@
+package amqpsem
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// Tests of the client's internals (its channel pool and probers), on a
+// real broker: they reach into the client to put it in a state that
+// broker or network trouble would, reproducibly.
+
+// internalClient dials the test broker with a 1s heartbeat and returns
+// the client, its URL and a test context.
+func internalClient(t *testing.T) (*Client, string, context.Context) {
+	t.Helper()
+	u := testenv.AMQPURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	c, err := Dial(ctx, u, WithHeartbeat(time.Second), WithVerifyInterval(250*time.Millisecond))
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c, u, ctx
+}
+
+func internalName(t *testing.T) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return "amqpsem-internal-" + hex.EncodeToString(b[:])
+}
+
+// queueExists reports whether q exists, by a passive declare on a
+// connection of its own.
+func queueExists(t *testing.T, u, q string) bool {
+	t.Helper()
+	conn, err := amqp.Dial(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ch.QueueDeclarePassive(q, false, false, false, false, nil)
+	var e *amqp.Error
+	switch {
+	case err == nil:
+		return true
+	case errors.As(err, &e) && e.Code == amqp.ResourceLocked:
+		return true // another connection's exclusive queue
+	case errors.As(err, &e) && e.Code == amqp.NotFound:
+		return false
+	}
+	t.Fatalf("passive declare %q: %v", q, err)
+	return false
+}
+
+// A release whose pooled channel the broker closes under it (for an
+// earlier error on that channel) must not report success while its queue
+// stays: the connection is open, so the queue is there; the delete is
+// retried on a fresh channel.
+func TestFreeOnBrokenChannel(t *testing.T) {
+	c, u, ctx := internalClient(t)
+	m, err := c.Mutex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := internalName(t) + "-no-such-exchange"
+	for i := range 10 {
+		name := internalName(t)
+		l, err := m.TryLock(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Leave only a poisoned channel in the pool: its publish to a
+		// missing exchange makes the broker close it, a moment later.
+		for len(c.pool) > 0 {
+			_ = (<-c.pool).Close()
+		}
+		ch, err := c.conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Publish(missing, "k", false, false, amqp.Publishing{}); err != nil {
+			t.Fatal(err)
+		}
+		c.putChannel(ch)
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("round %d: Release on a broken channel: %v", i, err)
+		}
+		if queueExists(t, u, name) {
+			t.Errorf("round %d: the mutex queue %q outlived its Release", i, name)
+		}
+	}
+}
+
+// A lease whose verifications time out while its connection stays open
+// ends with ErrLost, and the client deletes its queue by itself: the
+// holder no longer believes it holds the name, so nobody may.
+func TestLostLeaseLetsGo(t *testing.T) {
+	c, u, ctx := internalClient(t)
+	m, err := c.Mutex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := internalName(t)
+	l, err := m.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stall verification, as a broker too slow to answer would.
+	c.verifier.sem <- struct{}{}
+	t.Cleanup(func() { <-c.verifier.sem })
+	select {
+	case <-l.Context().Done():
+	case <-time.After(5 * c.heartbeat):
+		t.Fatalf("lease still live %v after its verifications stalled", 5*c.heartbeat)
+	}
+	if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrLost) {
+		t.Fatalf("cause = %v, want ErrLost", cause)
+	}
+	deadline := time.Now().Add(5 * c.heartbeat)
+	for queueExists(t, u, name) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lost lease's queue %q is still there %v after the lease ended", name, 5*c.heartbeat)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := l.Release(ctx); !errors.Is(err, locks.ErrLost) {
+		t.Errorf("Release of the lost lease = %v, want ErrLost", err)
+	}
+}
+
+// Lease verification has a prober of its own: a long scan holding the
+// client's prober (a Status of many slots, an acquire on a big
+// semaphore) must not delay it into a false ErrLost.
+func TestVerifyNotStarvedByScans(t *testing.T) {
+	c, _, ctx := internalClient(t)
+	m, err := c.Mutex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.TryLock(ctx, internalName(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	c.probes.sem <- struct{}{} // a long scan in progress
+	defer func() { <-c.probes.sem }()
+	select {
+	case <-l.Context().Done():
+		t.Fatalf("lease ended while the prober was busy: %v", context.Cause(l.Context()))
+	case <-time.After(3 * c.heartbeat):
+	}
+	if err := l.(*Lease).Verify(ctx); err != nil {
+		t.Fatalf("Verify while the prober is busy: %v", err)
+	}
+}
