@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -80,7 +81,10 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	if o.connName != "" {
 		props.SetClientConnectionName(o.connName)
 	}
-	var stopDeadline func() bool
+	var (
+		stopDeadline func() bool
+		watched      *silenceConn
+	)
 	cfg := amqp.Config{
 		Heartbeat:       o.heartbeat,
 		TLSClientConfig: o.tls,
@@ -99,7 +103,8 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 			}
 			// Dial's context ending interrupts the handshakes.
 			stopDeadline = context.AfterFunc(dctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-			return conn, nil
+			watched = &silenceConn{Conn: conn}
+			return watched, nil
 		},
 	}
 	conn, err := amqp.DialConfig(url, cfg)
@@ -125,6 +130,10 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 		_ = conn.Close()
 		return nil, fmt.Errorf("amqpsem: %w", locks.InvalidOption("heartbeats are disabled (heartbeat=0 in the URL or at the broker): amqpsem needs them to bound how long a dead holder keeps its slot"))
 	}
+	// The broker sends a frame at least every heartbeat interval: a
+	// connection silent for three is dead, whatever amqp's own deadline
+	// bookkeeping says, and every call waiting on it must fail.
+	watched.arm(silenceLimit * hb)
 	c := &Client{
 		conn:      conn,
 		opts:      o,
@@ -457,4 +466,29 @@ func (c *Client) free(ctx context.Context, h *holding) error {
 	}
 	h.err = err
 	return err
+}
+
+// silenceLimit is how many heartbeat intervals without a byte from the
+// broker end a connection.
+const silenceLimit = 3
+
+// silenceConn is the client's socket, whose reads fail once the broker has
+// been silent for the armed limit. amqp's heartbeater sets the same kind of
+// deadline, but only after a frame arrives and only if its goroutine is
+// ready for it, so a reply lost in the network could leave a call (a
+// channel open, which takes no context) waiting forever.
+type silenceConn struct {
+	net.Conn
+	limit atomic.Int64 // nanoseconds; 0 until armed, after the handshakes
+}
+
+func (c *silenceConn) arm(limit time.Duration) { c.limit.Store(int64(limit)) }
+
+func (c *silenceConn) Read(b []byte) (int, error) {
+	if d := time.Duration(c.limit.Load()); d > 0 {
+		if err := c.Conn.SetReadDeadline(time.Now().Add(d)); err != nil {
+			return 0, err
+		}
+	}
+	return c.Conn.Read(b)
 }

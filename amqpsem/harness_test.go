@@ -103,9 +103,14 @@ func testOptions() []amqpsem.Option {
 }
 
 func (h *harness) NewClient(ctx context.Context) (contracttest.Client, error) {
+	return h.newClient(ctx, h.kill == blackHole)
+}
+
+// newClient makes a client, behind a fault proxy of its own if proxied.
+func (h *harness) newClient(ctx context.Context, proxied bool) (*client, error) {
 	cl := &client{h: h}
 	target := h.upstream
-	if h.kill == blackHole {
+	if proxied {
 		cl.proxy = testenv.NewProxy(h.t, h.upstream)
 		target = cl.proxy.Addr()
 		h.mu.Lock()
@@ -182,6 +187,9 @@ func (h *harness) Capabilities() contracttest.Capabilities {
 		// two or three missed heartbeats.
 		PauseRecovery: 3*testHeartbeat + 500*time.Millisecond,
 		LossDetection: 600 * time.Millisecond,
+		// A call in flight when its context ends is waited for up to one
+		// heartbeat, to undo what it declared.
+		CancelGrace: testHeartbeat,
 	}
 	if h.kill == blackHole {
 		// The broker drops a silent connection after two or three missed

@@ -57,26 +57,61 @@ func (p *prober) exists(ctx context.Context, queues []string) ([]bool, error) {
 	return out, nil
 }
 
-// open opens the probe channel in confirm mode, if needed.
-func (p *prober) open() error {
+// open opens the probe channel in confirm mode, if needed. Opening a
+// channel takes no context in amqp: when ctx ends first, open returns
+// ctx's error and the channel, once open, is closed again.
+func (p *prober) open(ctx context.Context) error {
 	if p.ch != nil && !p.ch.IsClosed() {
 		return nil
 	}
 	p.ch, p.pending = nil, nil
-	ch, err := p.c.channel()
-	if err != nil {
-		return err
+	type opened struct {
+		ch      *amqp.Channel
+		returns chan amqp.Return
+		err     error
 	}
-	if err := ch.Confirm(false); err != nil {
-		return p.c.connErr(err)
+	res := make(chan opened) // unbuffered: a result nobody takes is closed
+	abandon := make(chan struct{})
+	ok := p.c.goTracked(func() {
+		var o opened
+		o.ch, o.err = p.c.channel()
+		if o.err == nil {
+			if err := o.ch.Confirm(false); err != nil {
+				_ = o.ch.Close()
+				o.ch, o.err = nil, p.c.connErr(err)
+			} else {
+				o.returns = o.ch.NotifyReturn(make(chan amqp.Return, 2*maxBatch))
+			}
+		}
+		select {
+		case res <- o:
+		case <-abandon:
+			if o.ch != nil {
+				_ = o.ch.Close()
+			}
+		}
+	})
+	if !ok {
+		return p.c.errClosed()
 	}
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, 2*maxBatch))
-	p.ch = ch
-	return nil
+	select {
+	case o := <-res:
+		if o.err != nil {
+			return o.err
+		}
+		p.ch, p.returns = o.ch, o.returns
+		return nil
+	case <-ctx.Done():
+		close(abandon)
+		return ctx.Err()
+	}
 }
 
 func (p *prober) batch(ctx context.Context, queues []string) ([]bool, error) {
-	if err := p.open(); err != nil {
+	if err := p.open(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
 		return nil, fmt.Errorf("amqpsem: probe channel: %w", err)
 	}
 	// A caller that gave up left confirms in flight: wait for them, so

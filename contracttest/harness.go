@@ -69,6 +69,12 @@ type Capabilities struct {
 	// another client can hold its names. Zero means CrashRecovery.
 	PauseRecovery time.Duration
 
+	// CancelGrace is how much longer than its context a blocking call may
+	// take to return, for backends whose broker calls cannot be
+	// interrupted: they wait that long for a call in flight to finish, to
+	// undo what it did, so that a cancelled call leaves nothing held.
+	CancelGrace time.Duration
+
 	// LossDetection bounds how long a lease takes to end after it was taken
 	// away at the broker (Kill, or Revoke where the harness is a Revoker).
 	LossDetection time.Duration
