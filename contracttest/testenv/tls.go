@@ -8,10 +8,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
@@ -102,4 +104,59 @@ func NewTLS(t testing.TB) *TLS {
 	files.Server = &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS12}
 	files.Client = &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12}
 	return files
+}
+
+// TLSFront listens with TLS on a free port of 127.0.0.1 and forwards each
+// connection, decrypted, to upstream (host:port): a TLS endpoint in front
+// of a broker that has none, such as the local RabbitMQ, so that clients'
+// amqps:// support is tested against the real broker. It returns the
+// address to dial; everything stops at the end of the test. TLSFront must
+// be called from the goroutine running the test.
+func TLSFront(t testing.TB, upstream string, certs *TLS) string {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", certs.Server)
+	if err != nil {
+		t.Fatalf("testenv: TLS front for %s: %v", upstream, err)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	track := func(c net.Conn) {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+	}
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			track(c)
+			wg.Go(func() {
+				u, err := net.DialTimeout("tcp", upstream, proxyDialTimeout)
+				if err != nil {
+					c.Close()
+					return
+				}
+				track(u)
+				var pair sync.WaitGroup
+				pair.Go(func() { _, _ = io.Copy(u, c); u.Close() })
+				pair.Go(func() { _, _ = io.Copy(c, u); c.Close() })
+				pair.Wait()
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
 }

@@ -124,7 +124,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	verb, name, rest := rest[0], rest[1], rest[2:]
 	fail := func(code int, format string, a ...any) int {
-		fmt.Fprintf(stderr, "amqpsem: "+format+"\n", a...)
+		// Library errors already say "amqpsem: "; say it once.
+		fmt.Fprintln(stderr, "amqpsem: "+strings.TrimPrefix(fmt.Sprintf(format, a...), "amqpsem: "))
 		return code
 	}
 
@@ -304,7 +305,7 @@ func printStatus(w io.Writer, name string, st amqpsem.Status) {
 func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grace time.Duration, argv []string, stdout, stderr io.Writer) int {
 	s, err := c.Semaphore()
 	if err != nil {
-		fmt.Fprintf(stderr, "amqpsem: %v\n", err)
+		fmt.Fprintln(stderr, "amqpsem: "+strings.TrimPrefix(err.Error(), "amqpsem: "))
 		return exitUsage
 	}
 	// Signals while waiting cancel the wait.
@@ -338,7 +339,7 @@ func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grac
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	cmd.Env = append(os.Environ(), "AMQPSEM_NAME="+name, "AMQPSEM_SLOT="+strconv.Itoa(slot))
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(stderr, "amqpsem: %v\n", err)
+		fmt.Fprintln(stderr, "amqpsem: "+strings.TrimPrefix(err.Error(), "amqpsem: "))
 		return exitError
 	}
 	done := make(chan error, 1)
@@ -361,7 +362,7 @@ func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grac
 				}
 				return ee.ExitCode()
 			case err != nil:
-				fmt.Fprintf(stderr, "amqpsem: %v\n", err)
+				fmt.Fprintln(stderr, "amqpsem: "+strings.TrimPrefix(err.Error(), "amqpsem: "))
 				return exitError
 			}
 			return exitOK
