@@ -72,6 +72,12 @@ func (s store) read(ctx context.Context, key string) (record, error) {
 	if err != nil {
 		return record{}, err
 	}
+	return decodeRecord(key, m.Data)
+}
+
+// decodeRecord decodes JetStream's answer to a message get of key: any
+// bytes at all, from a broker or a stranger, give a record or an error.
+func decodeRecord(key string, data []byte) (record, error) {
 	var resp struct {
 		Error *struct {
 			Code        int    `json:"code"`
@@ -84,7 +90,7 @@ func (s store) read(ctx context.Context, key string) (record, error) {
 			Data []byte `json:"data"`
 		} `json:"message"`
 	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
+	if err := json.Unmarshal(data, &resp); err != nil {
 		return record{}, fmt.Errorf("reading key %q: bad answer: %w", key, err)
 	}
 	switch {
@@ -94,10 +100,12 @@ func (s store) read(ctx context.Context, key string) (record, error) {
 		return record{}, fmt.Errorf("reading key %q: %s (code %d, error code %d)", key, resp.Error.Description, resp.Error.Code, resp.Error.ErrCode)
 	case resp.Message == nil:
 		return record{}, fmt.Errorf("reading key %q: empty answer", key)
+	case resp.Message.Seq == 0:
+		return record{}, fmt.Errorf("reading key %q: a message without a sequence", key)
 	}
 	r := record{rev: resp.Message.Seq, holder: string(resp.Message.Data), exists: true}
 	if len(resp.Message.Hdrs) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		h, err := decodeHeaders(resp.Message.Hdrs)
 		if err != nil {
 			return record{}, fmt.Errorf("reading key %q: %w", key, err)
 		}
@@ -107,6 +115,18 @@ func (s store) read(ctx context.Context, key string) (record, error) {
 		}
 	}
 	return r, nil
+}
+
+// decodeHeaders is nats.DecodeHeadersMsg, which panics on some malformed
+// headers (nats.go v1.53: a slice out of range, found by FuzzDecodeRecord),
+// with the panic turned into an error.
+func decodeHeaders(b []byte) (h nats.Header, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			h, err = nil, fmt.Errorf("malformed message headers: %v", p)
+		}
+	}()
+	return nats.DecodeHeadersMsg(b)
 }
 
 // jsNoMessageFound is JetStream's error code for a message get that finds
