@@ -10,6 +10,7 @@ import (
 	"net"
 	"os/exec"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -879,5 +880,51 @@ func checkBrokerQueues(t *testing.T, rawURL string, want map[string]brokerQueue)
 		} else if g != w {
 			t.Errorf("queue %q at the broker: %+v, want %+v", name, g, w)
 		}
+	}
+}
+
+// TestUnexpectedQueueArguments: a slot queue that a stranger declared
+// with other arguments makes Create fail with PRECONDITION_FAILED, roll
+// back, and leave the client working; a mutex name taken by a stranger's
+// queue is reported as held, with the broker's reason.
+func TestUnexpectedQueueArguments(t *testing.T) {
+	u, _ := amqpURL(t)
+	ctx := tctx(t)
+	c := dial(t, u)
+	a := admin(t, c)
+	r := rawConn(t, u)
+	name := uniqueName(t, u)
+	in := amqpsem.DefaultLayout.Slot(name, 2)
+	if err := r.declare(in, true, false, amqp.Table{"x-max-length": int32(5)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.delete(in) })
+	err := a.Create(ctx, name, 3)
+	if err == nil || codeOf(err) != amqp.PreconditionFailed {
+		t.Fatalf("Create over a slot queue with other arguments: %v; want PRECONDITION_FAILED", err)
+	}
+	t.Logf("stranger's slot queue: %v", err)
+	if r.exists(amqpsem.DefaultLayout.Slot(name, 1)) {
+		t.Fatal("a failed Create left slot 1 behind")
+	}
+
+	m, err := c.Mutex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := uniqueName(t, u)
+	if err := r.declare(taken, true, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.delete(taken) })
+	if _, err := m.TryLock(ctx, taken); !errors.Is(err, locks.ErrNotAcquired) || !strings.Contains(err.Error(), "RESOURCE_LOCKED") {
+		t.Errorf("TryLock over a stranger's queue: %v; want ErrNotAcquired with the broker's reason", err)
+	}
+	lease, err := m.TryLock(ctx, uniqueName(t, u))
+	if err != nil {
+		t.Fatalf("the client after the refused declares: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
