@@ -46,7 +46,7 @@ func AMQPURL(t testing.TB) string {
 			err = dialCheck(addr)
 		}
 		if err != nil {
-			t.Fatalf("testenv: LOCKS_AMQP_URL=%q: %v", u, err)
+			t.Fatalf("testenv: LOCKS_AMQP_URL=%q: %v", redactURL(u), err)
 		}
 		return u
 	}
@@ -144,4 +144,14 @@ func probeAMQP(addr string, timeout time.Duration) error {
 		return fmt.Errorf("%s: reply %q is not an AMQP 0-9-1 connection.start", addr, b[:])
 	}
 	return nil
+}
+
+// redactURL returns raw with its password, if any, replaced by "xxxxx", so
+// that test output never shows one.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(an unparsable URL)"
+	}
+	return u.Redacted()
 }
