@@ -173,9 +173,18 @@ func (l *BaseLease) Live() bool { return l.pub.Err() == nil }
 // the lease if no renewal lands in time. The loop stops when the lease
 // ends; Release waits for it before it calls the broker.
 //
-// KeepAlive must be called at most once, right after NewBaseLease.
+// KeepAlive must be called at most once. On a lease that has already
+// ended (released by another goroutine, say) it does nothing.
 func (l *BaseLease) KeepAlive(interval time.Duration, renew func(ctx context.Context) (time.Time, error)) {
+	// Under l.mu, so that Release, which ends the lease under l.mu before
+	// it waits for the loop, either sees this Add or stops it starting.
+	l.mu.Lock()
+	if l.ctx.Err() != nil {
+		l.mu.Unlock()
+		return
+	}
 	l.renewing.Add(1)
+	l.mu.Unlock()
 	go func() {
 		defer l.renewing.Done()
 		t := time.NewTicker(interval)

@@ -180,3 +180,21 @@ func TestBaseLeaseErrChecksDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepAliveAfterRelease: a lease released by another goroutine while
+// its backend is still setting it up starts no renewal loop (and races
+// with nothing, under -race).
+func TestKeepAliveAfterRelease(t *testing.T) {
+	for range 100 {
+		l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{Name: "n", Deadline: time.Now().Add(time.Minute)})
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = l.Release(context.Background()) })
+		l.KeepAlive(time.Millisecond, func(context.Context) (time.Time, error) {
+			return time.Now().Add(time.Minute), nil
+		})
+		wg.Wait()
+		if l.Live() {
+			t.Fatal("the lease is live after Release")
+		}
+	}
+}
