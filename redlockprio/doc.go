@@ -17,7 +17,12 @@
 // start is taken before the requests of the step that last granted or
 // renewed it and drift = TTL·driftFactor + 2ms ([WithDriftFactor]). Each
 // step on a master is one Lua script, run by SHA (EVALSHA, falling back to
-// EVAL on NOSCRIPT); requests to the masters go out in parallel. An attempt
+// EVAL on NOSCRIPT); requests to the masters go out in parallel, and a
+// step returns as soon as its outcome is decided (a quorum granted, or
+// released): the other masters' calls finish in the background, and at
+// each master the Locker's calls about a name are made in the order it
+// issued them (a lease's release never overtakes its acquire there, nor
+// the next acquire its release). An attempt
 // that does not win a quorum deletes whatever it got, except where it
 // displaced a lower priority (see Priorities and theft). Errors say which
 // masters failed: a [*QuorumError] unwraps to one error per master.
@@ -25,7 +30,7 @@
 // Every lease is renewed in the background: all the leases of one Locker
 // in one pipeline per master per tick ([WithRenewInterval]), from one
 // goroutine that exits when no lease is held. Renewal extends a key only
-// while it still holds the lease's random holder id, so a stale holder
+// while it still holds the lease's unique holder id, so a stale holder
 // never extends nor deletes a later holder's key. When a quorum cannot be
 // renewed, the lease ends with [locks.ErrLost] before its validity runs
 // out: at once when a quorum says the keys are gone, else at the first
@@ -33,6 +38,9 @@
 // the renewal interval is at most (TTL − drift)/3: a round that hangs is
 // given one interval, it may start one interval after the last successful
 // one, and the lease must end before TTL − drift has passed since then.
+// A round never runs past the earliest validity in its batch less the
+// drift allowance, so that even a lease whose validity is nearer than one
+// interval (a slow acquisition) ends with ErrLost before it runs out.
 //
 // Not safe against: clocks that jump or run faster than the drift factor
 // allows (validity is local time; key expiry is the masters' time); and
@@ -55,8 +63,10 @@
 // fewer than a quorum of the granting masters returned T itself, a second,
 // rare step raises the others' counters to T (Lock fails if it cannot).
 // Renewals and releases raise every master's counter they reach to the
-// lease's token too, and after a grant the other masters are raised in the
-// background.
+// lease's token too, and after a grant every master whose answer did not
+// show a counter at least T (it failed, it answered lower, or its answer
+// came after Lock returned) is raised in the background, unless the
+// lease's release, which raises them all, is already under way.
 //
 // Why T increases: let A hold T_A, recorded (counter ≥ T_A) on a quorum
 // Q_A before A used it, and let B be a later holder, granted by a quorum
@@ -73,9 +83,9 @@
 // counters are spread to every reachable master. The limit is the one
 // above: a majority restarting empty — more precisely, the masters holding
 // a counter ≥ T_A shrinking below a quorum before B's grant. Right after a
-// grant T_A may sit on a bare quorum until the background raise or the
-// first renewal (one renewal interval at most) has reached the other
-// masters: a single master restarting empty inside that window, with the
+// grant T_A may sit on a bare quorum until the background raise, the
+// release or the first renewal (one renewal interval at most) has reached
+// the other masters: a single master restarting empty inside that window, with the
 // holder crashing inside it too, can let a later token repeat T_A.
 //
 // # Priorities and theft
@@ -115,11 +125,17 @@
 //
 // # Waiting
 //
-// A release publishes on the name's channel ({name}:released); waiting
-// Locks subscribe to it (multiplexed on the Locker's pub/sub connections)
-// and retry at once. Polling with jitter ([WithBackoff]), bounded by the
-// holder's remaining PTTL ([locks.HeldError.RetryAfter]), is the fallback
-// for holders that expired without a release.
+// A release publishes the holder id on the name's channel
+// ({name}:released) at every master it reaches, whether or not the key
+// was still there; waiting Locks subscribe to it (multiplexed on the
+// Locker's pub/sub connections, read without an intermediate goroutine)
+// and retry at once when a quorum of masters has announced the same
+// release: an attempt started on the first announcement would mostly find
+// the name still held on the others. A subscription outlives its last
+// waiter by a second, so that a name passed back and forth is not
+// subscribed again each time. Polling with jitter ([WithBackoff]), bounded
+// by the holder's remaining PTTL ([locks.HeldError.RetryAfter]), is the
+// fallback for holders that expired without a release.
 //
 // # Where we differ from the spec
 //
@@ -152,5 +168,10 @@
 // The Locker never closes the clients it is given. Give them
 // ContextTimeoutEnabled: true so that a hung master cannot hold a call
 // beyond the step's deadline; without it, the Locker still stops waiting
-// at the deadline, and the client's read timeout ends the call.
+// at the deadline, and the client's read timeout ends the call. With one
+// master whose client has ContextTimeoutEnabled, calls run on the calling
+// goroutine (its answer is the outcome: there is nothing to wait for in
+// parallel): a context's deadline still ends them, but a plain
+// cancellation does not interrupt a call to a hung master, which then
+// ends at the client's read timeout.
 package redlockprio

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
@@ -27,10 +29,12 @@ type Lease struct {
 	name    string
 	slot    int // from 1
 	size    int
-	id      string // random holder id stored at the masters
+	id      string // holder id stored at the masters, unique to the lease
 	key     string
 	fence   string
 	settled chan struct{} // closed once notices about this attempt may be acknowledged
+
+	releasing atomic.Bool // the release's calls to the masters have started
 
 	// Guarded by l.mu.
 	base        *locks.BaseLease // nil while the attempt is in flight
@@ -61,13 +65,15 @@ func (e *Lease) Slot() int { return e.slot }
 // from the local monotonic clock; renewals move it.
 func (e *Lease) Deadline() time.Time { return e.base.Deadline() }
 
-// HolderID returns the random id under which the masters store the lease.
+// HolderID returns the id, unique to the lease, under which the masters
+// store it: the Locker's id ([Locker.ID]), ':' and a random part.
 func (e *Lease) HolderID() string { return e.id }
 
 // Release ends the lease and deletes its keys on every master where they
-// are still its own; see [locks.Lease.Release]. It returns a
-// [*QuorumError] when fewer than a quorum of masters answered (the keys
-// left behind expire after the TTL).
+// are still its own; see [locks.Lease.Release]. It returns once a quorum
+// of masters has answered (the others are answered in the background), or
+// a [*QuorumError] when fewer than a quorum answered (the keys left behind
+// expire after the TTL).
 func (e *Lease) Release(ctx context.Context) error { return e.base.Release(ctx) }
 
 // release deletes the lease's keys at the masters; it is the BaseLease's
@@ -76,6 +82,10 @@ func (e *Lease) release(ctx context.Context) error {
 	l := e.l
 	l.mu.Lock()
 	keep := e.victimsLive
+	token := e.token
+	if !keep && l.entries[e.id] == e {
+		delete(l.entries, e.id) // forget e
+	}
 	l.mu.Unlock()
 	if keep {
 		// The Locker closed while this thief waited for its victims: its
@@ -84,10 +94,22 @@ func (e *Lease) release(ctx context.Context) error {
 		// entry stays too, so that no notice about them is acknowledged.
 		return nil
 	}
-	l.forget(e)
+	e.releasing.Store(true)
+	// The lease has ended: once a quorum has deleted its keys, the name is
+	// free. The other masters' calls go on in the background, on a
+	// context of their own, so that the keys there go too and their
+	// waiters hear of it, whatever becomes of ctx.
+	// (With one master called on this goroutine (inline), nothing goes
+	// on in the background: the call runs on ctx, if it is still live.)
+	f := fan{enough: l.quorumAnswered, name: e.name}
+	if !l.inline() || ctx.Err() != nil {
+		f.calls, f.done = context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
+	}
+	keys := []string{e.key, e.fence}
+	channel := l.relChannel(e.name)
 	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
-		return runScript(ctx, releaseScript, m.c, []string{e.key, e.fence}, e.id, e.tokenValue(), l.relChannel(e.name))
-	}, nil)
+		return runScript(ctx, releaseScript, m.c, keys, e.id, token, channel)
+	}, f)
 	answered, errs := tally(rs)
 	if answered < l.quorum {
 		return &QuorumError{Got: answered, Need: l.quorum, Errs: errs}
@@ -95,10 +117,15 @@ func (e *Lease) release(ctx context.Context) error {
 	return nil
 }
 
-func (e *Lease) tokenValue() uint64 {
-	e.l.mu.Lock()
-	defer e.l.mu.Unlock()
-	return e.token
+// quorumAnswered says whether a quorum of masters answered without error.
+func (l *Locker) quorumAnswered(rs []result) bool {
+	n := 0
+	for _, r := range rs {
+		if r.err == nil {
+			n++
+		}
+	}
+	return n >= l.quorum
 }
 
 // forget drops e from the registry.
@@ -174,10 +201,15 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	if err := l.subscribeInbox(ctx); err != nil {
 		return nil, err
 	}
+	keys := make([]string, 0, size+1)
+	keys = append(keys, l.fenceKey(name))
+	for s := 1; s <= size; s++ {
+		keys = append(keys, l.key(name, s))
+	}
 	e := &Lease{
 		l: l, name: name, size: size,
-		id:      l.id + ":" + randomID(12),
-		fence:   l.fenceKey(name),
+		id:      l.holderID(),
+		fence:   keys[0],
 		settled: make(chan struct{}),
 	}
 	l.mu.Lock()
@@ -188,39 +220,34 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	l.entries[e.id] = e // from now on a thief's notice finds the attempt
 	l.mu.Unlock()
 
-	keys := make([]string, 0, size+1)
-	keys = append(keys, e.fence)
-	for s := 1; s <= size; s++ {
-		keys = append(keys, l.key(name, s))
-	}
 	first := 0
 	if size > 1 {
 		first = rand.IntN(size)
 	}
 	ttlMS := l.o.ttl.Milliseconds()
 	start := time.Now()
-	// Calls still running when the outcome is decided go on until this
-	// deadline, so that the key (and counter) lands on every master.
-	rctx, cancel := context.WithDeadline(ctx, start.Add(l.o.ttl/2))
-	_ = context.AfterFunc(rctx, cancel) // frees rctx at its deadline
-	decided := func(rs []result) bool {
-		if size > 1 {
-			return false // wait for all: masters may pick different slots
-		}
-		n := 0
-		for _, r := range rs {
-			if r.err == nil {
-				if v, ok := r.val.([]any); ok && len(v) > 0 && v[0] != int64(0) {
-					n++
-				}
-			}
-		}
-		return n >= l.quorum
+	// The calls run on a context of their own, which ctx's end does not
+	// cut short, until this deadline: calls still running when the
+	// outcome is decided go on, so that the key (and counter) lands on
+	// every master, and the answers that come after Lock returned are
+	// seen to (lateAnswers). ctx bounds the wait for them.
+	// With one master called on this goroutine (inline), nothing goes on
+	// in the background: the call runs on ctx.
+	var late *lateAnswers
+	f := fan{name: name}
+	if !l.inline() {
+		f.calls, f.done = context.WithDeadline(context.WithoutCancel(ctx), start.Add(l.o.ttl/2))
+		late = &lateAnswers{l: l, e: e}
+		defer late.decide(0) // a failed attempt, unless decided otherwise
+		f.late = late.add
+		if size == 1 {
+			f.enough = l.quorumGranted
+		} // else wait for all: masters may pick different slots
 	}
 	fl := *floor
-	rs := l.fanout(rctx, l.masters, func(ctx context.Context, m *master) (any, error) {
+	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
 		return runScript(ctx, acquireScript, m.c, keys, e.id, ttlMS, l.o.priority, l.inbox, fl, first)
-	}, decided)
+	}, f)
 
 	// Sort the answers out.
 	var (
@@ -228,7 +255,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		held    []grant
 		errs    []error
 		unknown []*master // may have granted: release there too
-		bySlot  = map[int][]grant{}
+		bySlot  []slotGrants
 	)
 	for _, r := range rs {
 		if r.err == nil {
@@ -242,7 +269,11 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 					held = append(held, g)
 				} else {
 					grants = append(grants, g)
-					bySlot[g.slot] = append(bySlot[g.slot], g)
+					if i := slices.IndexFunc(bySlot, func(sg slotGrants) bool { return sg.slot == g.slot }); i >= 0 {
+						bySlot[i].gs = append(bySlot[i].gs, g)
+					} else {
+						bySlot = append(bySlot, slotGrants{g.slot, []grant{g}})
+					}
 				}
 				continue
 			}
@@ -252,16 +283,24 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 			unknown = append(unknown, r.m)
 		}
 	}
-	best := 0
-	for s, gs := range bySlot {
-		if len(gs) > len(bySlot[best]) || len(gs) == len(bySlot[best]) && s < best {
-			best = s
+	var best slotGrants
+	for _, sg := range bySlot {
+		if len(sg.gs) > len(best.gs) || len(sg.gs) == len(best.gs) && sg.slot < best.slot {
+			best = sg
 		}
 	}
-	won := bySlot[best]
+	won := best.gs
 
 	fail := func(err error) (locks.Lease, error) {
-		l.abandon(ctx, e, grants, unknown)
+		// Masters yet to answer may grant: delete there too (after the
+		// acquire, which sequence orders first).
+		others := unknown
+		for _, m := range l.masters {
+			if !slices.ContainsFunc(rs, func(r result) bool { return r.m == m }) {
+				others = append(others, m)
+			}
+		}
+		l.abandon(ctx, e, grants, others)
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, fmt.Errorf("redlockprio: lock %q: %w", name, cerr)
 		}
@@ -275,57 +314,52 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	}
 	// Other slots granted by a minority are not ours to keep; those taken
 	// from a victim are kept until it has stopped (see below).
-	extra := map[*master]int{}
-	var extraFree, extraTaken []*master
-	for s, gs := range bySlot {
-		if s != best {
-			for _, g := range gs {
-				extra[g.m] = s
+	var extraFree, extraTaken []grant
+	for _, sg := range bySlot {
+		if sg.slot != best.slot {
+			for _, g := range sg.gs {
 				if g.status == 2 {
-					extraTaken = append(extraTaken, g.m)
+					extraTaken = append(extraTaken, g)
 				} else {
-					extraFree = append(extraFree, g.m)
+					extraFree = append(extraFree, g)
 				}
 			}
 		}
 	}
-	releaseExtra := func(ctx context.Context, ms []*master) {
-		if len(ms) == 0 {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
-		defer cancel()
-		l.fanout(ctx, ms, func(ctx context.Context, m *master) (any, error) {
-			return runScript(ctx, releaseScript, m.c, []string{l.key(name, extra[m]), e.fence}, e.id, 0, "")
-		}, nil)
-	}
 
 	// The token: the largest counter of the granting masters, which must
-	// then be on a quorum of masters before anyone may use it.
+	// then be on a quorum of masters before anyone may use it. A master
+	// that answered with a counter at least the token has it already (its
+	// counter never decreases); the others are raised to it. The answers
+	// still to come are checked as they arrive (late).
 	var token uint64
 	for _, g := range won {
 		token = max(token, g.counter)
 	}
+	if late != nil {
+		late.decide(token)
+	}
 	atToken := 0
-	var lower []*master
+	var lower, pending []*master
 	for _, m := range l.masters {
-		found := false
-		for _, g := range won {
-			if g.m == m && g.counter >= token {
-				atToken++
-				found = true
-			}
-		}
-		if !found {
+		switch {
+		case !slices.ContainsFunc(rs, func(r result) bool { return r.m == m }):
+			pending = append(pending, m)
+		case slices.ContainsFunc(grants, func(g grant) bool { return g.m == m && g.counter >= token }),
+			slices.ContainsFunc(held, func(g grant) bool { return g.m == m && g.counter >= token }):
+			atToken++
+		default:
 			lower = append(lower, m)
 		}
 	}
-	raise := func(ctx context.Context, m *master) (any, error) {
-		return runScript(ctx, raiseScript, m.c, []string{e.fence}, token)
-	}
 	if atToken < l.quorum {
+		// Rare: the masters' counters differ (one restarted, say). Raise
+		// every master not known to have the token, and wait for enough.
 		need := l.quorum - atToken
-		wrs := l.fanout(rctx, lower, raise, func(rs []result) bool {
+		wcalls, wcancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(l.o.ttl/2))
+		wrs := l.fanout(ctx, append(lower, pending...), func(ctx context.Context, m *master) (any, error) {
+			return runScript(ctx, raiseScript, m.c, []string{e.fence}, token)
+		}, fan{enough: func(rs []result) bool {
 			n := 0
 			for _, r := range rs {
 				if v, ok := r.val.(int64); r.err == nil && ok && uint64(v) >= token {
@@ -333,7 +367,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 				}
 			}
 			return n >= need
-		})
+		}, done: wcancel, calls: wcalls})
 		for _, r := range wrs {
 			if n, ok := r.val.(int64); r.err == nil && ok && uint64(n) >= token {
 				atToken++
@@ -344,27 +378,25 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		if atToken < l.quorum {
 			return fail(&QuorumError{Got: atToken, Need: l.quorum, Errs: errs})
 		}
-	} else if len(lower) > 0 {
+	} else {
 		// Not needed for this grant, but it keeps the token on more than a
 		// bare quorum, so that a master restarting empty later does not
 		// take the last copy with it.
-		l.goTracked(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), l.o.ttl/2)
-			defer cancel()
-			l.fanout(ctx, lower, raise, nil)
-		})
+		for _, m := range lower {
+			l.raiseLater(e.fence, m, token)
+		}
 	}
 
 	deadline := l.deadlineFor(start)
 	if !time.Now().Before(deadline) {
 		return fail(&locks.HeldError{Name: name, Err: fmt.Errorf("redlockprio: acquiring took longer than the validity (TTL %v)", l.o.ttl)})
 	}
-	e.slot = best
-	e.key = l.key(name, best)
-	releaseExtra(ctx, extraFree)
+	e.slot = best.slot
+	e.key = keys[best.slot]
+	l.releaseExtra(ctx, e, extraFree)
 	spec := locks.LeaseSpec{Name: name, Token: token, Deadline: deadline, Release: e.release}
 	if size > 1 {
-		spec.Slot = best
+		spec.Slot = best.slot
 	}
 	base := locks.NewBaseLease(ctx, spec)
 
@@ -409,7 +441,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		close(e.settled)
 		l.mu.Unlock()
 		if over {
-			releaseExtra(context.Background(), extraTaken)
+			l.releaseExtra(context.Background(), e, extraTaken)
 		}
 		if abandoned {
 			_ = base.Release(context.Background())
@@ -459,13 +491,16 @@ type victim struct {
 // run until the largest PTTL its keys had when displaced, plus the drift
 // allowance, counted from when the answer arrived.
 func (l *Locker) victimsOf(gs []grant) map[string]*victim {
-	victims := map[string]*victim{}
+	var victims map[string]*victim // nil when nobody was displaced
 	for _, g := range gs {
 		if g.status != 2 || g.holder == "" {
 			continue
 		}
 		until := g.at.Add(g.pttl + l.drift)
 		if v := victims[g.holder]; v == nil {
+			if victims == nil {
+				victims = map[string]*victim{}
+			}
 			victims[g.holder] = &victim{inbox: g.vinbox, until: until}
 		} else if until.After(v.until) {
 			v.until = until
@@ -596,13 +631,14 @@ func (l *Locker) abort(ctx context.Context, e *Lease, ms []*master) {
 	l.deleteKeys(ctx, e, ms)
 }
 
-// deleteKeys deletes the attempt's keys, of every slot, on ms.
+// deleteKeys deletes the attempt's keys, of every slot, on ms. It waits for
+// the answers until ctx ends; the calls go on regardless (up to TTL/2),
+// so that a Lock whose context ended returns at once and still cleans up.
 func (l *Locker) deleteKeys(ctx context.Context, e *Lease, ms []*master) {
 	if len(ms) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
-	defer cancel()
+	calls, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
 	var keys []string
 	for s := 1; s <= e.size; s++ {
 		keys = append(keys, l.key(e.name, s))
@@ -614,5 +650,120 @@ func (l *Locker) deleteKeys(ctx context.Context, e *Lease, ms []*master) {
 			}
 		}
 		return nil, nil
-	}, nil)
+	}, fan{name: e.name, calls: calls, done: cancel})
+}
+
+// lateAnswers handles the acquire answers that arrive after the outcome
+// was decided. Once the token is known, a master whose answer does not
+// show a counter at least the token (or that failed) is raised to it in
+// the background, so that the token spreads beyond the quorum that
+// recorded it. After a failed attempt (token 0), a free slot granted late
+// is deleted, as abandon deletes those granted in time; a slot taken from
+// a victim is left to expire, set after the victim's key (as when the
+// Locker closes during a theft), since deleting it could free the name
+// while the victim, never told, still runs.
+type lateAnswers struct {
+	l *Locker
+	e *Lease
+
+	mu      sync.Mutex
+	decided bool
+	token   uint64
+	pending []result
+}
+
+func (a *lateAnswers) add(r result) {
+	a.mu.Lock()
+	if !a.decided {
+		a.pending = append(a.pending, r)
+		a.mu.Unlock()
+		return
+	}
+	token := a.token
+	a.mu.Unlock()
+	a.check(r, token)
+}
+
+// decide sets the token (0 for a failed attempt) and sees to the answers
+// that came before it; only its first call counts.
+func (a *lateAnswers) decide(token uint64) {
+	a.mu.Lock()
+	if a.decided {
+		a.mu.Unlock()
+		return
+	}
+	a.decided, a.token = true, token
+	pending := a.pending
+	a.pending = nil
+	a.mu.Unlock()
+	for _, r := range pending {
+		a.l.spawn(func() { a.check(r, token) })
+	}
+}
+
+// check sees to one answer; it runs in the background.
+func (a *lateAnswers) check(r result, token uint64) {
+	var g grant
+	err := r.err
+	if err == nil {
+		g, err = parseGrant(r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.l.o.ttl/2)
+	defer cancel()
+	switch {
+	case token == 0 && err == nil && g.status == 1:
+		_, _ = runScript(ctx, releaseScript, r.m.c, []string{a.l.key(a.e.name, g.slot), a.e.fence}, a.e.id, 0, "")
+	case token == 0, err == nil && g.counter >= token:
+	case a.e.releasing.Load():
+		// The lease's release, under way, raises every master it reaches
+		// to the token: this master's counter too.
+	default:
+		_, _ = runScript(ctx, raiseScript, r.m.c, []string{a.e.fence}, token)
+	}
+}
+
+// raiseLater raises m's fence counter to token in the background.
+func (l *Locker) raiseLater(fence string, m *master, token uint64) {
+	l.spawn(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), l.o.ttl/2)
+		defer cancel()
+		_, _ = runScript(ctx, raiseScript, m.c, []string{fence}, token)
+	})
+}
+
+// slotGrants are the grants of one slot.
+type slotGrants struct {
+	slot int
+	gs   []grant
+}
+
+// quorumGranted says whether a quorum of acquire answers granted a slot.
+func (l *Locker) quorumGranted(rs []result) bool {
+	n := 0
+	for _, r := range rs {
+		if r.err == nil {
+			if v, ok := r.val.([]any); ok && len(v) > 0 && v[0] != int64(0) {
+				n++
+			}
+		}
+	}
+	return n >= l.quorum
+}
+
+// releaseExtra deletes the attempt's keys of the other slots that gs
+// granted: they are not the attempt's to keep. Like deleteKeys, it waits
+// until ctx ends at most.
+func (l *Locker) releaseExtra(ctx context.Context, e *Lease, gs []grant) {
+	if len(gs) == 0 {
+		return
+	}
+	calls, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
+	ms := make([]*master, len(gs))
+	for i, g := range gs {
+		ms[i] = g.m
+	}
+	l.fanout(ctx, ms, func(ctx context.Context, m *master) (any, error) {
+		g := gs[slices.IndexFunc(gs, func(g grant) bool { return g.m == m })]
+		return runScript(ctx, releaseScript, m.c, []string{l.key(e.name, g.slot), e.fence}, e.id, 0, "")
+	}, fan{name: e.name, calls: calls, done: cancel})
 }

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -35,6 +37,13 @@ type master struct {
 	index int
 	addr  string
 	c     redis.UniversalClient
+
+	// deadlines says the client ends a call at its context's deadline
+	// (ContextTimeoutEnabled), so that a call may run on the caller's
+	// goroutine without outliving the caller's wait.
+	deadlines bool
+
+	renewScript atomic.Int32 // scriptUnknown, scriptLoading or scriptLoaded
 }
 
 // Locker is a [locks.Locker] over N independent Redis masters: a lease is
@@ -52,11 +61,19 @@ type Locker struct {
 	drift   time.Duration
 	id      string // this Locker's identity, the readable part of holder ids
 	inbox   string // channel on which thieves notify this Locker's victims
+	nonce   string // holder ids start with it (see holderID)
+	leases  atomic.Uint64
 
-	mu       sync.Mutex
-	closing  bool // no new acquisitions
-	closed   bool // no new I/O goroutines
-	done     chan struct{}
+	mu      sync.Mutex
+	closing bool // no new acquisitions
+	closed  bool // no new I/O goroutines
+	done    chan struct{}
+	work    chan func() // hands calls to idle workers
+	// closedFlag mirrors closed for spawn's lock-free check.
+	closedFlag atomic.Bool
+
+	seqMu    sync.Mutex
+	seq      map[seqKey]chan struct{} // see sequence
 	wg       sync.WaitGroup
 	entries  map[string]*Lease // by holder id: held leases and attempts in flight
 	renewing bool
@@ -66,9 +83,10 @@ type Locker struct {
 	subReady chan struct{} // closed once the inbox is subscribed (or gave up)
 	subMu    sync.Mutex    // serializes (un)subscriptions of release channels
 	pubsubs  []*redis.PubSub
-	watchers map[string]map[chan struct{}]struct{} // release channel -> waiters
-	subAcked []bool                                // per master: inbox subscription confirmed
-	subAll   chan struct{}                         // closed once every master confirmed
+	watchers map[string]*watchState // by release channel, guarded by mu
+	sweeping bool                   // a sweep goroutine runs; guarded by mu
+	subAcked []bool                 // per master: inbox subscription confirmed
+	subAll   chan struct{}          // closed once every master confirmed
 }
 
 var _ locks.Locker = (*Locker)(nil)
@@ -98,7 +116,7 @@ func New(masters []redis.UniversalClient, opts ...Option) (*Locker, error) {
 				return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("master %d is given twice: masters must be independent", i))
 			}
 		}
-		ms[i] = &master{index: i, addr: addrOf(c), c: c}
+		ms[i] = &master{index: i, addr: addrOf(c), c: c, deadlines: honorsDeadlines(c)}
 	}
 	o := defaults()
 	if err := locks.Apply(&o, opts); err != nil {
@@ -126,13 +144,16 @@ func New(masters []redis.UniversalClient, opts ...Option) (*Locker, error) {
 		drift:    o.driftFor(),
 		id:       id,
 		done:     make(chan struct{}),
+		work:     make(chan func()),
+		seq:      map[seqKey]chan struct{}{},
 		entries:  map[string]*Lease{},
 		acks:     map[string]chan struct{}{},
 		subReady: make(chan struct{}),
-		watchers: map[string]map[chan struct{}]struct{}{},
+		watchers: map[string]*watchState{},
 		subAcked: make([]bool, len(ms)),
 	}
 	l.inbox = o.prefix + "inbox:" + id + ":" + randomID(8)
+	l.nonce = id + ":" + randomID(12) + "-"
 	return l, nil
 }
 
@@ -162,6 +183,28 @@ func addrOf(c redis.UniversalClient) string {
 		return "cluster " + strings.Join(c.Options().Addrs, ",")
 	}
 	return fmt.Sprintf("%T", c)
+}
+
+// honorsDeadlines reports whether c ends each call at its context's
+// deadline.
+func honorsDeadlines(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// holderID returns a new holder id, unique to the lease: the Locker's
+// id, ':', a random part drawn once per Locker, and a counter.
+func (l *Locker) holderID() string {
+	n := l.leases.Add(1)
+	id := make([]byte, 0, len(l.nonce)+17)
+	id = append(id, l.nonce...)
+	id = strconv.AppendUint(id, n, 16)
+	return string(id)
 }
 
 func randomID(n int) string {
@@ -265,6 +308,7 @@ func (l *Locker) Close() error {
 
 	l.mu.Lock()
 	l.closed = true
+	l.closedFlag.Store(true)
 	close(l.done)
 	l.mu.Unlock()
 	l.subOnce.Do(l.subReadyOnce) // no subscription from now on
@@ -311,42 +355,193 @@ type result struct {
 	err error
 }
 
-// fanout runs step on every master in parallel and collects the answers
-// until all are in, ctx ends, or enough(answers so far) says the outcome
-// is decided. Masters that have not answered get a context error. Calls
-// still running when fanout returns finish in the background (Close waits
-// for them).
-func (l *Locker) fanout(ctx context.Context, ms []*master, step func(ctx context.Context, m *master) (any, error), enough func([]result) bool) []result {
-	ch := make(chan result, len(ms))
+// workerIdle is how long an idle worker waits for a call before it exits.
+const workerIdle = 5 * time.Second
+
+// spawn runs f on one of the Locker's workers: an idle one, or a new one
+// that Close waits for. Reusing workers spares each call to a master a
+// goroutine start and the growth of its stack through the client's call
+// path. It reports whether f will run: not once the Locker is closed.
+func (l *Locker) spawn(f func()) bool {
+	if l.closedFlag.Load() {
+		return false
+	}
+	select {
+	case l.work <- f:
+		return true
+	default:
+	}
+	return l.goTracked(func() { l.worker(f) })
+}
+
+func (l *Locker) worker(f func()) {
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		f()
+		f = nil
+		idle.Reset(workerIdle)
+		select {
+		case f = <-l.work:
+		case <-idle.C:
+			return
+		case <-l.done:
+			return
+		}
+	}
+}
+
+// fan tunes a fanout.
+type fan struct {
+	// enough, if set, says from the answers so far that the outcome is
+	// decided: fanout returns them without waiting for the others.
+	enough func([]result) bool
+	// late, if set, gets each answer that arrives after fanout returned,
+	// on the worker that got it.
+	late func(result)
+	// done, if set, is called once every call has returned (after late).
+	done func()
+	// calls, if set, is the context of the calls; ctx then bounds only
+	// the wait for their answers.
+	calls context.Context
+	// name, if set, orders the calls: each call to a master about name
+	// waits until this Locker's previous one there has returned (see
+	// sequence).
+	name string
+}
+
+// fanState is what the calls of one fanout share with its collector.
+type fanState struct {
+	mu      sync.Mutex
+	ch      chan result
+	stopped bool // the collector returned: answers go to late
+	left    atomic.Int32
+	late    func(result)
+	done    func()
+}
+
+func (st *fanState) deliver(r result) {
+	st.mu.Lock()
+	if !st.stopped {
+		st.ch <- r // buffered for every call: never blocks
+		st.mu.Unlock()
+	} else {
+		st.mu.Unlock()
+		if st.late != nil {
+			st.late(r)
+		}
+	}
+	st.finish()
+}
+
+func (st *fanState) finish() {
+	if st.left.Add(-1) == 0 && st.done != nil {
+		st.done()
+	}
+}
+
+// fanout runs step on every master of ms in parallel and collects the
+// answers until all are in, ctx ends, or f.enough says the outcome is
+// decided. When ctx ends first, masters that have not answered get a
+// context error. Calls still running when fanout returns finish in the
+// background (Close waits for them); see fan for what becomes of them.
+func (l *Locker) fanout(ctx context.Context, ms []*master, step func(ctx context.Context, m *master) (any, error), f fan) []result {
+	calls := f.calls
+	if calls == nil {
+		calls = ctx
+	}
+	if l.inline() && len(ms) == 1 && ctx.Err() == nil {
+		// One master: its answer is the outcome, so the call runs on the
+		// caller's goroutine, sparing two goroutine switches. The client
+		// ends it at the context's deadline (see inlineContext). (Once
+		// ctx has ended, a call is made on a worker, and not waited for.)
+		// It waits for this Locker's calls about the name still running
+		// in the background (see sequence), but need not be waited for:
+		// the caller makes its next call after this one returns.
+		m := ms[0]
+		cctx := inlineContext(ctx, calls)
+		var prev <-chan struct{}
+		if f.name != "" {
+			prev = l.pending(m, f.name)
+		}
+		var v any
+		err := waitFor(cctx, prev)
+		if err == nil {
+			v, err = step(cctx, m)
+		}
+		if err != nil && cctx == ctx {
+			if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+				// The client's timeout may come a hair before ctx's own
+				// timer: let ctx say so, so that callers see its error.
+				<-ctx.Done()
+			}
+		}
+		if err != nil {
+			err = &masterError{index: m.index, addr: m.addr, err: err}
+		}
+		if f.done != nil {
+			f.done()
+		}
+		return []result{{m: m, val: v, err: err}}
+	}
+	st := &fanState{ch: make(chan result, len(ms)), late: f.late, done: f.done}
+	st.left.Store(int32(len(ms)))
 	started := 0
 	for _, m := range ms {
-		if l.goTracked(func() {
-			v, err := step(ctx, m)
-			ch <- result{m: m, val: v, err: err}
+		var prev <-chan struct{}
+		seqDone := func() {}
+		if f.name != "" {
+			prev, seqDone = l.sequence(m, f.name)
+		}
+		if l.spawn(func() {
+			var v any
+			err := waitFor(calls, prev)
+			if err == nil {
+				v, err = step(calls, m)
+			}
+			seqDone()
+			st.deliver(result{m: m, val: v, err: err})
 		}) {
 			started++
+		} else {
+			seqDone()
+			st.finish()
 		}
 	}
 	got := make([]result, 0, len(ms))
-	answered := map[*master]bool{}
-	for len(got) < started {
+	add := func(r result) {
+		if r.err != nil {
+			r.err = &masterError{index: r.m.index, addr: r.m.addr, err: r.err}
+		}
+		got = append(got, r)
+	}
+	decided := false
+	for !decided && len(got) < started {
 		select {
-		case r := <-ch:
-			if r.err != nil {
-				r.err = &masterError{index: r.m.index, addr: r.m.addr, err: r.err}
-			}
-			got = append(got, r)
-			answered[r.m] = true
-			if enough != nil && enough(got) {
-				return got
-			}
+		case r := <-st.ch:
+			add(r)
+			decided = f.enough != nil && f.enough(got)
 			continue
 		case <-ctx.Done():
 		}
 		break
 	}
+	st.mu.Lock()
+	st.stopped = true
+	for drained := false; !drained; {
+		select {
+		case r := <-st.ch: // answered meanwhile: as good as in time
+			add(r)
+		default:
+			drained = true
+		}
+	}
+	st.mu.Unlock()
+	if decided || len(got) == len(ms) {
+		return got
+	}
 	for _, m := range ms {
-		if !answered[m] {
+		if !slices.ContainsFunc(got, func(r result) bool { return r.m == m }) {
 			err := ctx.Err()
 			if started < len(ms) && err == nil {
 				err = locks.ErrClosed
@@ -358,6 +553,83 @@ func (l *Locker) fanout(ctx context.Context, ms []*master, step func(ctx context
 		}
 	}
 	return got
+}
+
+// inline says whether the Locker's calls run on the caller's goroutine:
+// with one master, whose client ends each call at its context's deadline.
+func (l *Locker) inline() bool {
+	return len(l.masters) == 1 && l.masters[0].deadlines
+}
+
+// inlineContext is the context of a call fanout runs on the caller's
+// goroutine: calls, unless ctx is live and has an earlier deadline, so
+// that the call ends no later than the wait for it would have (a client
+// that honors deadlines ends it then; a plain cancellation of ctx cannot
+// cut it short), and a call the caller wants to outlive ctx (a release)
+// is still made when ctx has ended.
+func inlineContext(ctx, calls context.Context) context.Context {
+	if calls == ctx || ctx.Err() != nil {
+		return calls
+	}
+	cd, ok := calls.Deadline()
+	if d, has := ctx.Deadline(); has && (!ok || d.Before(cd)) {
+		return ctx
+	}
+	return calls
+}
+
+// seqKey is a name at one master.
+type seqKey struct {
+	master int
+	name   string
+}
+
+// sequence orders this Locker's calls about name at m: it returns a
+// channel closed once the previous call there has returned (nil if none
+// is running), and the function to call when this one has returned.
+// Calls are sequenced in the order fanout issues them, so that at each
+// master a lease's acquire comes before its release, and a release before
+// the next acquire of the name, though fanout returns once a quorum has
+// answered and the other calls go on in the background: otherwise a
+// straggler's late acquire could overtake the release (leaving a key
+// until the TTL), or a quick re-acquire find the previous lease's key
+// still there (holding the name on a bare quorum).
+func (l *Locker) sequence(m *master, name string) (<-chan struct{}, func()) {
+	k := seqKey{m.index, name}
+	mine := make(chan struct{})
+	l.seqMu.Lock()
+	prev := l.seq[k]
+	l.seq[k] = mine
+	l.seqMu.Unlock()
+	return prev, func() {
+		close(mine)
+		l.seqMu.Lock()
+		if l.seq[k] == mine {
+			delete(l.seq, k)
+		}
+		l.seqMu.Unlock()
+	}
+}
+
+// pending returns a channel closed once this Locker's last call about
+// name at m has returned, or nil if none is running.
+func (l *Locker) pending(m *master, name string) <-chan struct{} {
+	l.seqMu.Lock()
+	defer l.seqMu.Unlock()
+	return l.seq[seqKey{m.index, name}]
+}
+
+// waitFor waits until prev is closed (at once if it is nil) or ctx ends.
+func waitFor(ctx context.Context, prev <-chan struct{}) error {
+	if prev == nil {
+		return nil
+	}
+	select {
+	case <-prev:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // runScript runs s by SHA on c, falling back to EVAL (which loads it) on

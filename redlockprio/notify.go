@@ -2,7 +2,9 @@ package redlockprio
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,23 +21,28 @@ import (
 //     name, carries the release scripts' PUBLISH.
 
 // subscribeInbox subscribes the Locker's inbox on every master, once, and
-// waits until every master confirmed (or a short time passed, so that a
-// dead minority does not stall acquisitions).
+// waits until every master confirmed, a short time passed (so that a dead
+// minority does not stall acquisitions), or ctx ended. The subscriptions
+// are made in the background: a master that does not answer cannot hold
+// the caller past ctx.
 func (l *Locker) subscribeInbox(ctx context.Context) error {
 	l.subOnce.Do(func() {
 		l.subMu.Lock()
 		defer l.subMu.Unlock()
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
 		for i, m := range l.masters {
-			ps := m.c.Subscribe(sctx, l.inbox) // an error is retried by the PubSub
-			ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(1024))
-			if !l.goTracked(func() { l.dispatch(i, ch) }) {
+			ps := m.c.Subscribe(context.Background()) // no channel yet: no I/O
+			if !l.goTracked(func() {
+				sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				_ = ps.Subscribe(sctx, l.inbox) // on error, Receive subscribes again
+				cancel()
+				l.receive(i, ps)
+			}) {
 				_ = ps.Close()
 				continue
 			}
 			l.pubsubs = append(l.pubsubs, ps)
 		}
+		l.goTracked(l.pingLoop)
 		limit := min(time.Second, l.o.ttl/4)
 		l.goTracked(func() {
 			t := time.NewTimer(limit)
@@ -48,6 +55,11 @@ func (l *Locker) subscribeInbox(ctx context.Context) error {
 			l.subReadyOnce()
 		})
 	})
+	select {
+	case <-l.subReady:
+		return nil
+	default:
+	}
 	select {
 	case <-l.subReady:
 		return nil
@@ -77,44 +89,100 @@ func (l *Locker) subReadyOnce() {
 	}
 }
 
-// dispatch handles what master i's PubSub delivers until it is closed.
-func (l *Locker) dispatch(i int, ch <-chan any) {
-	for msg := range ch {
-		switch msg := msg.(type) {
-		case *redis.Subscription:
-			if msg.Kind == "subscribe" && msg.Channel == l.inbox {
-				l.mu.Lock()
-				l.subAcked[i] = true
-				all := true
-				for _, ok := range l.subAcked {
-					all = all && ok
-				}
-				if all && l.subAll == nil {
-					l.subAll = make(chan struct{})
-				}
-				if all {
-					select {
-					case <-l.subAll:
-					default:
-						close(l.subAll)
-					}
-				}
-				l.mu.Unlock()
+// pubsubPing is how often the PubSubs are pinged: a ping that cannot be
+// written makes the client reconnect and subscribe again, as go-redis's
+// own health check would.
+const pubsubPing = 3 * time.Second
+
+// receive reads what master i's PubSub delivers until it is closed, and
+// dispatches it on this goroutine: the release notice that wakes a waiter
+// crosses one goroutine switch, not three (go-redis's Channel forwards
+// each message through a goroutine of its own and wakes its health check
+// on every message).
+func (l *Locker) receive(i int, ps *redis.PubSub) {
+	ctx := context.Background()
+	failures := 0
+	for {
+		msg, err := ps.Receive(ctx) // reconnects and subscribes again as needed
+		if err != nil {
+			if errors.Is(err, redis.ErrClosed) {
+				return
 			}
-		case *redis.Message:
-			if msg.Channel == l.inbox {
-				l.inboxMessage(msg.Payload)
-				continue
+			if failures++; failures > 1 {
+				t := time.NewTimer(100 * time.Millisecond)
+				select {
+				case <-t.C:
+				case <-l.done:
+					t.Stop()
+					return
+				}
 			}
+			continue
+		}
+		failures = 0
+		l.dispatch(i, msg)
+	}
+}
+
+// pingLoop pings every PubSub each pubsubPing until the Locker closes.
+func (l *Locker) pingLoop() {
+	t := time.NewTicker(pubsubPing)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-l.done:
+			return
+		}
+		l.subMu.Lock()
+		pss := slices.Clone(l.pubsubs)
+		l.subMu.Unlock()
+		for _, ps := range pss {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = ps.Ping(ctx)
+			cancel()
+		}
+	}
+}
+
+// dispatch handles one message of master i's PubSub.
+func (l *Locker) dispatch(i int, msg any) {
+	switch msg := msg.(type) {
+	case *redis.Subscription:
+		if msg.Kind == "subscribe" && msg.Channel == l.inbox {
 			l.mu.Lock()
-			for w := range l.watchers[msg.Channel] {
+			l.subAcked[i] = true
+			all := true
+			for _, ok := range l.subAcked {
+				all = all && ok
+			}
+			if all && l.subAll == nil {
+				l.subAll = make(chan struct{})
+			}
+			if all {
+				select {
+				case <-l.subAll:
+				default:
+					close(l.subAll)
+				}
+			}
+			l.mu.Unlock()
+		}
+	case *redis.Message:
+		if msg.Channel == l.inbox {
+			l.inboxMessage(msg.Payload)
+			return
+		}
+		l.mu.Lock()
+		if ws := l.watchers[msg.Channel]; ws != nil && ws.heard(i, msg.Payload, l.quorum, len(l.masters)) {
+			for w := range ws.waiters {
 				select {
 				case w <- struct{}{}:
 				default:
 				}
 			}
-			l.mu.Unlock()
 		}
+		l.mu.Unlock()
 	}
 }
 
@@ -182,8 +250,60 @@ func (l *Locker) publish(channel, payload string) {
 	}
 }
 
+// watchLinger is how long a release channel stays subscribed after its
+// last waiter left, so that a name waited on again soon (a lock passed
+// back and forth) needs no new SUBSCRIBE, and a waiter that got the name
+// does not unsubscribe on its way out of Lock.
+const watchLinger = time.Second
+
+// maxHeard bounds the releases a watchState remembers that fewer than
+// every master has announced (a master down, say).
+const maxHeard = 64
+
+// watchState is a release channel the Locker is subscribed to.
+type watchState struct {
+	waiters map[chan struct{}]struct{}
+	idle    time.Time         // when the last waiter left; zero while one waits
+	seen    map[string][]bool // by releasing holder id: the masters that announced it
+}
+
+// heard records that master i announced the release of holder id and
+// reports whether that makes a quorum of masters: the release has then
+// freed the name on enough masters for an attempt to win, and the waiters
+// are woken once, not once per master (an attempt started on the first
+// announcement would mostly find the name still held on the others).
+// guarded by l.mu.
+func (ws *watchState) heard(i int, id string, quorum, n int) bool {
+	if quorum == 1 {
+		return true
+	}
+	from := ws.seen[id]
+	if from == nil {
+		if len(ws.seen) >= maxHeard {
+			clear(ws.seen)
+		}
+		from = make([]bool, n)
+		ws.seen[id] = from
+	}
+	if from[i] {
+		return false
+	}
+	from[i] = true
+	count := 0
+	for _, ok := range from {
+		if ok {
+			count++
+		}
+	}
+	if count == n {
+		delete(ws.seen, id)
+	}
+	return count == quorum
+}
+
 // watch subscribes to a release channel for one waiter and returns its
-// wake-up channel and the function that ends the watch.
+// wake-up channel and the function that ends the watch. The subscription
+// outlives the watch by watchLinger.
 func (l *Locker) watch(ctx context.Context, channel string) (<-chan struct{}, func()) {
 	w := make(chan struct{}, 1)
 	l.subMu.Lock()
@@ -192,34 +312,77 @@ func (l *Locker) watch(ctx context.Context, channel string) (<-chan struct{}, fu
 	ws := l.watchers[channel]
 	first := ws == nil
 	if first {
-		ws = map[chan struct{}]struct{}{}
+		ws = &watchState{waiters: map[chan struct{}]struct{}{}, seen: map[string][]bool{}}
 		l.watchers[channel] = ws
 	}
-	ws[w] = struct{}{}
+	ws.waiters[w] = struct{}{}
+	ws.idle = time.Time{}
 	l.mu.Unlock()
 	if first {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
 		for _, ps := range l.pubsubs {
 			_ = ps.Subscribe(sctx, channel) // retried by the PubSub on reconnect
 		}
 		cancel()
 	}
 	return w, func() {
-		l.subMu.Lock()
-		defer l.subMu.Unlock()
 		l.mu.Lock()
-		delete(ws, w)
-		last := len(ws) == 0
-		if last {
-			delete(l.watchers, channel)
+		defer l.mu.Unlock()
+		delete(ws.waiters, w)
+		if len(ws.waiters) == 0 {
+			ws.idle = time.Now()
+			if !l.sweeping && !l.closed {
+				l.sweeping = true
+				l.wg.Go(l.sweep)
+			}
+		}
+	}
+}
+
+// sweep unsubscribes the release channels nobody has waited on for
+// watchLinger, and exits when none is left idle or the Locker closes.
+func (l *Locker) sweep() {
+	t := time.NewTimer(watchLinger)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-l.done:
+			return // Close closes the PubSubs
+		}
+		l.subMu.Lock()
+		l.mu.Lock()
+		now := time.Now()
+		var gone []string
+		var next time.Duration
+		for ch, ws := range l.watchers {
+			if len(ws.waiters) > 0 {
+				continue
+			}
+			if d := ws.idle.Add(watchLinger).Sub(now); d > 0 {
+				if next == 0 || d < next {
+					next = d
+				}
+				continue
+			}
+			delete(l.watchers, ch)
+			gone = append(gone, ch)
+		}
+		if next == 0 {
+			l.sweeping = false
 		}
 		l.mu.Unlock()
-		if last {
+		if len(gone) > 0 {
 			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			for _, ps := range l.pubsubs {
-				_ = ps.Unsubscribe(sctx, channel)
+				_ = ps.Unsubscribe(sctx, gone...)
 			}
 			cancel()
 		}
+		l.subMu.Unlock()
+		if next == 0 {
+			return
+		}
+		t.Reset(next)
 	}
 }

@@ -104,8 +104,9 @@ func WithBackoff(b locks.Backoff) Option {
 
 // WithHolderID sets the readable part of the Locker's holder identity, as
 // reported in [locks.HeldError.Holder] and stored at the masters (a host
-// name and process id, say). Each lease still gets its own random id, so
-// that two leases never pass for one another. The id must be 1 to 200
+// name and process id, say). Each lease still gets its own id (this one,
+// a random part drawn per Locker and a counter), so that two leases never
+// pass for one another. The id must be 1 to 200
 // printable bytes without '|'. The default is a random id.
 func WithHolderID(id string) Option {
 	return func(o *options) error {

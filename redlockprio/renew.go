@@ -25,6 +25,7 @@ func (l *Locker) startRenewerLocked() {
 // pipelined round trip per master, and exits when no lease is held or the
 // Locker closes.
 func (l *Locker) renewLoop() {
+	l.preloadRenew()
 	t := time.NewTicker(l.o.renew)
 	defer t.Stop()
 	for {
@@ -76,15 +77,21 @@ type renewal struct {
 func (l *Locker) renewBatch(batch []*Lease, tokens []uint64) {
 	start := time.Now()
 	// A slow round (a large batch, a loaded master) may take longer than
-	// the interval: allow it until the earliest validity in the batch.
+	// the interval: allow it until the earliest validity in the batch,
+	// less the time to end the leases before their deadline if it fails,
+	// but never past that deadline less the drift allowance: a round that
+	// hangs must leave its leases time to end with ErrLost (below) before
+	// their validity runs out, rather than reach it.
 	var earliest time.Time
 	for _, e := range batch {
 		if dl := e.base.Deadline(); earliest.IsZero() || dl.Before(earliest) {
 			earliest = dl
 		}
 	}
-	// but leave time to end the leases before their deadline if it fails.
 	limit := later(start.Add(l.o.renew), earliest.Add(-l.o.renew-l.drift))
+	if last := earliest.Add(-l.drift); limit.After(last) {
+		limit = last
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), limit)
 	defer cancel()
 	ttlMS := l.o.ttl.Milliseconds()
@@ -105,8 +112,8 @@ func (l *Locker) renewBatch(batch []*Lease, tokens []uint64) {
 		return true
 	}
 	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
-		return renewPipeline(ctx, m.c, batch, tokens, ttlMS)
-	}, allRenewed)
+		return renewPipeline(ctx, m, batch, tokens, ttlMS)
+	}, fan{enough: allRenewed})
 	deadline := l.deadlineFor(start)
 	for i, e := range batch {
 		ok, pre, gone := 0, 0, 0
@@ -154,10 +161,46 @@ func (l *Locker) renewBatch(batch []*Lease, tokens []uint64) {
 	}
 }
 
+// Where a master stands with the renew script, so that a renewal tick
+// is one pipeline of EVALSHA rather than a NOSCRIPT answer, a load and a
+// second pipeline.
+const (
+	scriptUnknown int32 = iota
+	scriptLoading
+	scriptLoaded
+)
+
+// preloadRenew loads the renew script, in the background, on the masters
+// not known to have it.
+func (l *Locker) preloadRenew() {
+	for _, m := range l.masters {
+		if m.renewScript.CompareAndSwap(scriptUnknown, scriptLoading) {
+			if !l.spawn(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), l.o.renew)
+				defer cancel()
+				// Through a pipeline: the client may keep its pipelines'
+				// connections apart, and the first tick then finds one.
+				pipe := m.c.Pipeline()
+				// (Not renewScript.Load: on a pipeline it would read the
+				// reply before Exec and set the script's hash to "".)
+				load := pipe.ScriptLoad(ctx, renewSource)
+				if _, err := pipe.Exec(ctx); err == nil && load.Err() == nil {
+					m.renewScript.CompareAndSwap(scriptLoading, scriptLoaded)
+				} else {
+					m.renewScript.CompareAndSwap(scriptLoading, scriptUnknown)
+				}
+			}) {
+				m.renewScript.Store(scriptUnknown)
+			}
+		}
+	}
+}
+
 // renewPipeline sends the renew script for every lease of the batch to
 // one master in one pipeline, loading the script and retrying once on
-// NOSCRIPT.
-func renewPipeline(ctx context.Context, c redis.UniversalClient, batch []*Lease, tokens []uint64, ttlMS int64) ([]renewal, error) {
+// NOSCRIPT (a master that restarted, say).
+func renewPipeline(ctx context.Context, m *master, batch []*Lease, tokens []uint64, ttlMS int64) ([]renewal, error) {
+	c := m.c
 	out := make([]renewal, len(batch))
 	for try := 0; ; try++ {
 		pipe := c.Pipeline()
@@ -180,8 +223,10 @@ func renewPipeline(ctx context.Context, c redis.UniversalClient, batch []*Lease,
 		if !noscript || try > 0 {
 			return out, nil
 		}
+		m.renewScript.Store(scriptUnknown)
 		if err := renewScript.Load(ctx, c).Err(); err != nil {
 			return nil, errors.Join(errors.New("loading the renew script"), err)
 		}
+		m.renewScript.Store(scriptLoaded)
 	}
 }

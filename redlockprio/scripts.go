@@ -9,7 +9,7 @@ import (
 // script touches carries the name's hash tag, so a master may be a Redis
 // Cluster.
 //
-// A slot key is a hash: id (the lease's random holder id), p (priority),
+// A slot key is a hash: id (the lease's unique holder id), p (priority),
 // ch (the holder's inbox channel) and, after a theft, from (the id of the
 // holder it displaced). The fence key is the name's counter; it never
 // expires and only grows.
@@ -31,10 +31,11 @@ local id, ttl, prio, inbox = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local floor, first = tonumber(ARGV[5]), tonumber(ARGV[6])
 local n = #KEYS - 1
 local function fence()
-  local c = tonumber(redis.call('GET', KEYS[1]) or '0')
-  if c < floor then c = floor end
-  c = c + 1
-  redis.call('SET', KEYS[1], c)
+  local c = redis.call('INCR', KEYS[1])
+  if c <= floor then
+    c = floor + 1
+    redis.call('SET', KEYS[1], c)
+  end
   return c
 end
 local victim, vprio = 0, 0
@@ -79,7 +80,9 @@ return {0, 0, tonumber(redis.call('GET', KEYS[1]) or '0'), holder, minp}
 // token reaches every master it can), then returns 1 when the key was
 // extended, -1 when a higher priority took it from this id, 0 when it is
 // gone or someone else's.
-var renewScript = redis.NewScript(`
+var renewScript = redis.NewScript(renewSource)
+
+const renewSource = `
 local tok = tonumber(ARGV[3])
 if tonumber(redis.call('GET', KEYS[2]) or '0') < tok then redis.call('SET', KEYS[2], tok) end
 local h = redis.call('HMGET', KEYS[1], 'id', 'from')
@@ -89,24 +92,29 @@ if h[1] == ARGV[1] then
 end
 if h[2] == ARGV[1] then return -1 end
 return 0
-`)
+`
 
 // releaseScript deletes one slot key if it is still the caller's and then
 // tells the name's waiters.
 //
 // KEYS[1] is the slot key, KEYS[2] the fence counter. ARGV: id, token,
 // release channel ("" for none: a failed attempt tells nobody, so that
-// waiters do not wake each other in a loop). It raises the counter to the token, like renewScript.
-// It returns 1 when it deleted the key, 0 otherwise.
+// waiters do not wake each other in a loop). It raises the counter to the
+// token, like renewScript. It publishes the id on the channel whether or
+// not the key was still there: either way this master no longer holds
+// the name for the caller, and waiters wake once a quorum of masters has
+// said so (see Locker.dispatch). It returns 1 when it deleted the key, 0
+// otherwise.
 var releaseScript = redis.NewScript(`
 local tok = tonumber(ARGV[2])
 if tok > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') < tok then redis.call('SET', KEYS[2], tok) end
+local deleted = 0
 if redis.call('HGET', KEYS[1], 'id') == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], '1') end
-  return 1
+  deleted = 1
 end
-return 0
+if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], ARGV[1]) end
+return deleted
 `)
 
 // raiseScript raises the fence counter KEYS[1] to at least ARGV[1] and
