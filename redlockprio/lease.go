@@ -161,7 +161,13 @@ type grant struct {
 	at      time.Time // when the answer arrived
 }
 
-func parseGrant(r result) (grant, error) {
+// parseGrant decodes a master's answer to the acquire script on a name
+// of size slots. Whatever the answer, it gives a grant or an error, never
+// a panic: a status or slot out of range is an error, and a displaced
+// holder whose remaining time the master could not tell (a key without an
+// expiry, which only a stranger's write makes) is assumed to have a whole
+// ttl left, so that a theft waits for it rather than not at all.
+func parseGrant(r result, size int, ttl time.Duration) (grant, error) {
 	g := grant{m: r.m}
 	vals, ok := r.val.([]any)
 	if !ok || len(vals) < 3 {
@@ -181,14 +187,33 @@ func parseGrant(r result) (grant, error) {
 		}
 		return ""
 	}
-	g.status, g.slot, g.counter = num(0), int(num(1)), uint64(max(num(2), 0))
+	g.status, g.counter = num(0), uint64(max(num(2), 0))
 	switch g.status {
 	case 0:
-		g.holder, g.pttl = str(3), time.Duration(num(4))*time.Millisecond
-	case 2:
-		g.holder, g.vprio, g.pttl, g.vinbox = str(3), num(4), time.Duration(num(5))*time.Millisecond, str(6)
+		g.holder, g.pttl = str(3), millis(max(num(4), 0))
+	case 1, 2:
+		slot := num(1)
+		if slot < 1 || slot > int64(size) {
+			return grant{m: r.m}, fmt.Errorf("redlockprio: acquire reply names slot %d of %d", slot, size)
+		}
+		g.slot = int(slot)
+		if g.status == 2 {
+			g.holder, g.vprio, g.vinbox = str(3), num(4), str(6)
+			g.pttl = millis(num(5))
+			if num(5) < 0 {
+				g.pttl = ttl
+			}
+		}
+	default:
+		return grant{m: r.m}, fmt.Errorf("redlockprio: acquire reply with status %d", g.status)
 	}
 	return g, nil
+}
+
+// millis converts a master's milliseconds to a Duration, capped (at about
+// 35 years) so that no answer overflows into a negative wait.
+func millis(ms int64) time.Duration {
+	return time.Duration(min(ms, 1<<40)) * time.Millisecond
 }
 
 // acquire makes one attempt at a slot of name among size slots. On
@@ -259,7 +284,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	)
 	for _, r := range rs {
 		if r.err == nil {
-			g, err := parseGrant(r)
+			g, err := parseGrant(r, size, l.o.ttl)
 			if err != nil {
 				r.err = &masterError{index: r.m.index, addr: r.m.addr, err: err}
 			} else {
@@ -706,7 +731,7 @@ func (a *lateAnswers) check(r result, token uint64) {
 	var g grant
 	err := r.err
 	if err == nil {
-		g, err = parseGrant(r)
+		g, err = parseGrant(r, a.e.size, a.l.o.ttl)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), a.l.o.ttl/2)
 	defer cancel()

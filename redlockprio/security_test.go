@@ -73,3 +73,29 @@ func TestTLSAndACLUser(t *testing.T) {
 	}
 	t.Logf("wrong password: %v", err)
 }
+
+// TestWrongTypeAtKey: a lock's key that a stranger set to another type
+// gives a clear error naming the masters, never a grant nor a panic.
+func TestWrongTypeAtKey(t *testing.T) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	c := mustClient(t, addrs)
+	name := uniqueName(t)
+	ctx := ctxFor(t, 10*time.Second)
+	for _, a := range addrs {
+		rc := newRedis(a)
+		if err := rc.Set(ctx, "latchkey:{"+name+"}:1", "not a lock", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_ = rc.Close()
+	}
+	lease, err := c.l.TryLock(ctx, name)
+	if err == nil {
+		_ = lease.Release(ctx)
+		t.Fatal("TryLock over keys of the wrong type succeeded")
+	}
+	var qe *redlockprio.QuorumError
+	if !errors.As(err, &qe) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("TryLock over keys of the wrong type: %v; want a QuorumError with WRONGTYPE", err)
+	}
+	t.Logf("wrong type: %v", err)
+}
