@@ -195,6 +195,33 @@ func (p *HolderProcess) Drain(quiet time.Duration) []string {
 	}
 }
 
+// ResumedWrites reads a resumed holder's lines until its lease ends and
+// returns the writes it made first. The test fails if the lease does not
+// end, ends otherwise than with ErrLost, or if the holder wrote more than
+// once (once is the check-then-write it had begun before the pause).
+func (p *HolderProcess) ResumedWrites(t testing.TB) []string {
+	t.Helper()
+	var writes []string
+	for {
+		line, ok := p.Next(opTimeout)
+		if !ok {
+			t.Fatalf("the resumed holder never saw its lease end")
+		}
+		if strings.HasPrefix(line, "ended ") {
+			if !strings.HasPrefix(line, "ended lost=true") {
+				t.Errorf("the resumed holder's lease ended, but not with ErrLost: %q", line)
+			}
+			break
+		}
+		writes = append(writes, line)
+	}
+	t.Logf("the resumed holder wrote %d times before it saw its lease had ended", len(writes))
+	if len(writes) > 1 {
+		t.Errorf("the resumed holder wrote %d times before it saw its lease had ended (allowed: the one it had decided on before the pause)", len(writes))
+	}
+	return writes
+}
+
 // Signal sends sig to the process: SIGSTOP pauses it, SIGCONT resumes it.
 func (p *HolderProcess) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
 
@@ -281,26 +308,10 @@ func testPausedHolder(t testing.TB, nh NewHarness) {
 	if err := p.Signal(syscall.SIGCONT); err != nil {
 		t.Fatalf("SIGCONT: %v", err)
 	}
-	var stale int
-	for {
-		line, ok := p.Next(opTimeout)
-		if !ok {
-			t.Fatalf("the resumed holder never saw its lease end")
-		}
-		if strings.HasPrefix(line, "ended ") {
-			if !strings.HasPrefix(line, "ended lost=true") {
-				t.Errorf("the resumed holder's lease ended, but not with ErrLost: %q", line)
-			}
-			break
-		}
-		stale++
+	for _, line := range p.ResumedWrites(t) {
 		if err := write("holder", line); e.caps.Fencing && err == nil {
 			t.Errorf("the fenced resource accepted the resumed holder's %q after the successor wrote", line)
 		}
-	}
-	t.Logf("the resumed holder wrote %d times before it saw its lease had ended", stale)
-	if stale > 1 {
-		t.Errorf("the resumed holder wrote %d times before it saw its lease had ended (allowed: the one it had decided on before the pause)", stale)
 	}
 	e.mustRelease(lease)
 }
