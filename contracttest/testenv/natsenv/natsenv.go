@@ -363,6 +363,22 @@ func (c *Cluster) Servers() []*Server { return c.servers }
 // meta leader is elected if node i was the leader.
 func (c *Cluster) Stop(i int) { c.servers[i].Shutdown() }
 
+// RestartAll restarts every node at once, as after a whole-cluster outage
+// (one at a time could not work: a node waits for a meta leader, which
+// needs a quorum of nodes up), then waits until the cluster is ready.
+func (c *Cluster) RestartAll() error {
+	errs := make([]error, len(c.servers))
+	var wg sync.WaitGroup
+	for i, s := range c.servers {
+		wg.Go(func() { errs[i] = s.Restart() })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return c.waitReady()
+}
+
 // Restart starts node i again with its ports and store directory, and returns
 // once the cluster is ready again as after [StartCluster], counting only the
 // nodes that are running: a meta leader sees them all, and each is healthy
