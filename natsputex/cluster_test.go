@@ -29,63 +29,99 @@ func newTestClient(t *testing.T, urls, bucket string, opts ...natsputex.Option) 
 	return c
 }
 
-// TestClusterLeaderStop: the stream leader of an R3 bucket stops while a
-// lock is held and contended. The holder renews or loses cleanly, the
-// waiter gets the lock after recovery, and the two never hold at once.
-func TestClusterLeaderStop(t *testing.T) {
+// contention is a lock held on an R3 cluster's bucket with another client
+// blocked in Lock on it; every section is recorded in h.
+type contention struct {
+	cluster *natsenv.Cluster
+	urls    string
+	bucket  string
+	ctx     context.Context
+	h       *contracttest.History
+	lease   locks.Lease   // the holder's
+	exit    func()        // ends the holder's section (once)
+	ended   chan struct{} // closed when the holder's lease has ended
+	got     chan won      // the waiter's lease
+	errc    chan error    // the waiter's error
+}
+
+type won struct {
+	l    locks.Lease
+	exit func()
+}
+
+// contend starts a 3-node cluster, a holder and a waiter on one key. The
+// holder's section ends when its lease does (or at exit); the waiter's
+// starts as soon as its Lock returns.
+func contend(t *testing.T, prefix string) *contention {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("a 3-node cluster is slow to start")
 	}
-	cluster := natsenv.StartCluster(t, 3)
-	urls := cluster.URLs()
-	bucket := uniqueBucket("leader")
-	prepareBucket(t, urls, bucket, natsputex.WithReplicas(3))
-	holder := newTestClient(t, urls, bucket).Locker()
-	waiter := newTestClient(t, urls, bucket).Locker()
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
-	defer cancel()
-
-	h := contracttest.NewHistory(1)
+	c := &contention{cluster: natsenv.StartCluster(t, 3), bucket: uniqueBucket(prefix), h: contracttest.NewHistory(1),
+		ended: make(chan struct{}), got: make(chan won, 1), errc: make(chan error, 1)}
+	c.urls = c.cluster.URLs()
+	prepareBucket(t, c.urls, c.bucket, natsputex.WithReplicas(3))
+	holder := newTestClient(t, c.urls, c.bucket).Locker()
+	waiter := newTestClient(t, c.urls, c.bucket).Locker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	c.ctx = ctx
 	lease, err := holder.TryLock(ctx, "job")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The holder's section ends when its lease does, or just before it
-	// releases it, whichever comes first.
-	var exitOnce sync.Once
-	exitH := h.Enter("holder", lease.Token())
-	exit := func() { exitOnce.Do(exitH) }
-	ended := make(chan struct{})
-	go func() { <-lease.Context().Done(); exit(); close(ended) }()
-
-	// The waiter's section starts as soon as its Lock returns.
-	type won struct {
-		l    locks.Lease
-		exit func()
-	}
-	got := make(chan won, 1)
-	errc := make(chan error, 1)
+	c.lease = lease
+	c.exit = sync.OnceFunc(c.h.Enter("holder", lease.Token()))
+	go func() { <-lease.Context().Done(); c.exit(); close(c.ended) }()
 	go func() {
 		l, err := waiter.Lock(ctx, "job")
 		if err != nil {
-			errc <- err
+			c.errc <- err
 			return
 		}
-		got <- won{l, h.Enter("waiter", l.Token())}
+		c.got <- won{l, c.h.Enter("waiter", l.Token())}
 	}()
 	time.Sleep(2 * testR)
+	return c
+}
 
-	nc, js, err := connect(urls)
+// waiterWins checks that the waiter gets the lock with a higher token and
+// that the two sections never overlapped.
+func (c *contention) waiterWins(t *testing.T) {
+	t.Helper()
+	select {
+	case w := <-c.got:
+		if w.l.Token() <= c.lease.Token() {
+			t.Errorf("the waiter's token %d is not above the holder's %d", w.l.Token(), c.lease.Token())
+		}
+		w.exit()
+		_ = w.l.Release(c.ctx)
+	case err := <-c.errc:
+		t.Fatalf("the waiter's Lock failed: %v", err)
+	case <-c.ctx.Done():
+		t.Fatal("the waiter did not get the lock after recovery")
+	}
+	if err := c.h.Check(); err != nil {
+		t.Fatalf("double grant: %v", err)
+	}
+}
+
+// TestClusterLeaderStop: the stream leader of an R3 bucket stops while a
+// lock is held and contended. The holder renews or loses cleanly, the
+// waiter gets the lock after recovery, and the two never hold at once.
+func TestClusterLeaderStop(t *testing.T) {
+	c := contend(t, "leader")
+	nc, js, err := connect(c.urls)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	st, err := js.Stream(ctx, "KV_"+bucket)
+	st, err := js.Stream(c.ctx, "KV_"+c.bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	leader := -1
-	for i, s := range cluster.Servers() {
+	for i, s := range c.cluster.Servers() {
 		if st.CachedInfo().Cluster != nil && s.Name() == st.CachedInfo().Cluster.Leader {
 			leader = i
 		}
@@ -93,12 +129,12 @@ func TestClusterLeaderStop(t *testing.T) {
 	if leader < 0 {
 		t.Fatalf("no stream leader in %+v", st.CachedInfo().Cluster)
 	}
-	t.Logf("stopping the stream leader %s", cluster.Servers()[leader].Name())
-	cluster.Stop(leader)
+	t.Logf("stopping the stream leader %s", c.cluster.Servers()[leader].Name())
+	c.cluster.Stop(leader)
 	time.Sleep(2 * time.Second)
 	select {
-	case <-ended:
-		cause := context.Cause(lease.Context())
+	case <-c.ended:
+		cause := context.Cause(c.lease.Context())
 		if !errors.Is(cause, locks.ErrLost) {
 			t.Errorf("the holder's lease ended with %v, want ErrLost", cause)
 		}
@@ -106,29 +142,40 @@ func TestClusterLeaderStop(t *testing.T) {
 	default:
 		t.Logf("the holder kept renewing through the leader change")
 	}
-	exit()
-	if err := lease.Release(ctx); err != nil && !errors.Is(err, locks.ErrLost) {
+	c.exit() // the holder's section ends before it releases
+	if err := c.lease.Release(c.ctx); err != nil && !errors.Is(err, locks.ErrLost) {
 		t.Logf("release: %v", err)
 	}
-	<-ended
-	if err := cluster.Restart(leader); err != nil {
+	<-c.ended
+	if err := c.cluster.Restart(leader); err != nil {
 		t.Fatal(err)
 	}
+	c.waiterWins(t)
+}
+
+// TestClusterWholeRestart: every node of an R3 cluster stops while a lock
+// is held and contended. The holder, unable to renew, loses its lease with
+// ErrLost before anyone may take over; after the cluster comes back from
+// disk, the waiter gets the lock with a higher token, and the two never
+// hold at once.
+func TestClusterWholeRestart(t *testing.T) {
+	c := contend(t, "restart")
+	for i := range c.cluster.Servers() {
+		c.cluster.Stop(i)
+	}
 	select {
-	case w := <-got:
-		if w.l.Token() <= lease.Token() {
-			t.Errorf("the waiter's token %d is not above the holder's %d", w.l.Token(), lease.Token())
-		}
-		w.exit()
-		_ = w.l.Release(ctx)
-	case err := <-errc:
-		t.Fatalf("the waiter's Lock failed: %v", err)
-	case <-ctx.Done():
-		t.Fatal("the waiter did not get the lock after recovery")
+	case <-c.ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder's lease outlived the whole cluster's stop by 10s")
 	}
-	if err := h.Check(); err != nil {
-		t.Fatalf("double grant: %v", err)
+	if cause := context.Cause(c.lease.Context()); !errors.Is(cause, locks.ErrLost) {
+		t.Errorf("the holder's lease ended with %v, want ErrLost", cause)
 	}
+	if err := c.cluster.RestartAll(); err != nil {
+		t.Fatal(err)
+	}
+	c.waiterWins(t)
+	_ = c.lease.Release(c.ctx) // lost: may fail, must not matter
 }
 
 // TestHealthCheckHangs: a health check that hangs past T ends the lease
@@ -168,78 +215,4 @@ func TestHealthCheckHangs(t *testing.T) {
 	}
 	_ = l2.Release(context.Background())
 	_ = lease.Release(context.Background())
-}
-
-// TestClusterWholeRestart: every node of an R3 cluster stops while a lock
-// is held and contended. The holder, unable to renew, loses its lease with
-// ErrLost before anyone may take over; after the cluster comes back from
-// disk, the waiter gets the lock with a higher token, and the two never
-// hold at once.
-func TestClusterWholeRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a 3-node cluster is slow to start")
-	}
-	cluster := natsenv.StartCluster(t, 3)
-	urls := cluster.URLs()
-	bucket := uniqueBucket("restart")
-	prepareBucket(t, urls, bucket, natsputex.WithReplicas(3))
-	holder := newTestClient(t, urls, bucket).Locker()
-	waiter := newTestClient(t, urls, bucket).Locker()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-
-	h := contracttest.NewHistory(1)
-	lease, err := holder.TryLock(ctx, "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	exit := h.Enter("holder", lease.Token())
-	ended := make(chan struct{})
-	go func() { <-lease.Context().Done(); exit(); close(ended) }()
-	type won struct {
-		l    locks.Lease
-		exit func()
-	}
-	got := make(chan won, 1)
-	errc := make(chan error, 1)
-	go func() {
-		l, err := waiter.Lock(ctx, "job")
-		if err != nil {
-			errc <- err
-			return
-		}
-		got <- won{l, h.Enter("waiter", l.Token())}
-	}()
-	time.Sleep(2 * testR)
-
-	for i := range cluster.Servers() {
-		cluster.Stop(i)
-	}
-	select {
-	case <-ended:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the holder's lease outlived the whole cluster's stop by 10s")
-	}
-	if cause := context.Cause(lease.Context()); !errors.Is(cause, locks.ErrLost) {
-		t.Errorf("the holder's lease ended with %v, want ErrLost", cause)
-	}
-	if err := cluster.RestartAll(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case w := <-got:
-		if w.l.Token() <= lease.Token() {
-			t.Errorf("the waiter's token %d is not above the holder's %d", w.l.Token(), lease.Token())
-		}
-		w.exit()
-		_ = w.l.Release(ctx)
-	case err := <-errc:
-		t.Fatalf("the waiter's Lock failed: %v", err)
-	case <-ctx.Done():
-		t.Fatal("the waiter did not get the lock after the cluster came back")
-	}
-	_ = lease.Release(ctx) // lost: may fail, must not matter
-	if err := h.Check(); err != nil {
-		t.Fatalf("double grant: %v", err)
-	}
 }
