@@ -2,6 +2,7 @@ package amqpsem_test
 
 import (
 	"context"
+	"testing"
 
 	"github.com/latchkey-go/latchkey/contracttest"
 )
@@ -16,4 +17,13 @@ func (h *harness) NewFaultyClient(ctx context.Context) (contracttest.Client, con
 		return nil, nil, err
 	}
 	return cl, cl.proxy, nil
+}
+
+// TestFaultSuiteCatchesDefects shows the fault tests failing on the mutex
+// broken on purpose: a holder that learns of its loss late, and
+// a Lock that outlives its context.
+func TestFaultSuiteCatchesDefects(t *testing.T) {
+	nh := newHarness(blackHole, false)
+	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.LateLossSignal), "PausedHolder", "PartitionedHolder")
+	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.OverrunsContext), "AmbiguousAcquire")
 }

@@ -34,6 +34,9 @@ func (e *env) faultyClient() (locks.Locker, Link) {
 		e.t.Skip("the harness cannot put a fault proxy in a client's path (no FaultHarness)")
 	}
 	c, link, err := fh.NewFaultyClient(e.ctx)
+	if errors.Is(err, errors.ErrUnsupported) {
+		e.t.Skip("the harness cannot put a fault proxy in a client's path")
+	}
 	if err != nil {
 		e.t.Fatalf("NewFaultyClient: %v", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/url"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/latchkey-go/latchkey/contracttest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
 	"github.com/latchkey-go/latchkey/natsputex"
 )
 
@@ -44,4 +46,16 @@ func (h *harness) NewFaultyClient(ctx context.Context) (contracttest.Client, con
 		return nil, nil, err
 	}
 	return &client{nc: nc, c: c}, p, nil
+}
+
+// TestFaultSuiteCatchesDefects shows the fault tests failing on this
+// backend broken on purpose: a holder that learns of its loss late, and
+// a Lock that outlives its context.
+func TestFaultSuiteCatchesDefects(t *testing.T) {
+	url := natsenv.StartServer(t).URL()
+	bucket := uniqueBucket("defect")
+	prepareBucket(t, url, bucket)
+	nh := newHarnessFunc(url, bucket)
+	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.LateLossSignal), "PausedHolder", "PartitionedHolder")
+	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.OverrunsContext), "AmbiguousAcquire")
 }

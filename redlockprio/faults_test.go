@@ -2,6 +2,7 @@ package redlockprio_test
 
 import (
 	"context"
+	"testing"
 
 	"github.com/latchkey-go/latchkey/contracttest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
@@ -32,4 +33,13 @@ func (h *harness) NewFaultyClient(context.Context) (contracttest.Client, contrac
 	h.made = append(h.made, c)
 	h.mu.Unlock()
 	return c, link, nil
+}
+
+// TestFaultSuiteCatchesDefects shows the fault tests failing on this
+// backend (3 masters) broken on purpose: a holder that learns of its loss
+// late, and a Lock that outlives its context.
+func TestFaultSuiteCatchesDefects(t *testing.T) {
+	nh := harnessOn(addrsOf(testenv.StartRedis(t, 3)))
+	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.LateLossSignal), "PausedHolder", "PartitionedHolder")
+	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.OverrunsContext), "AmbiguousAcquire")
 }

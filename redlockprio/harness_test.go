@@ -196,14 +196,14 @@ func (h *harness) InvalidOptions(context.Context) []error {
 }
 
 func runConformance(t *testing.T, n int) {
-	servers := testenv.StartRedis(t, n)
-	var addrs []string
-	for _, s := range servers {
-		addrs = append(addrs, s.Addr())
-	}
-	contracttest.RunConformanceTests(t, func(_ context.Context, t testing.TB) (contracttest.Harness, error) {
+	contracttest.RunConformanceTests(t, harnessOn(addrsOf(testenv.StartRedis(t, n))))
+}
+
+// harnessOn makes the suite's harness on the masters at addrs.
+func harnessOn(addrs []string) contracttest.NewHarness {
+	return func(_ context.Context, t testing.TB) (contracttest.Harness, error) {
 		return &harness{t: t, addrs: addrs}, nil
-	})
+	}
 }
 
 func TestConformance1(t *testing.T) { runConformance(t, 1) }
