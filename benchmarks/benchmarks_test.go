@@ -323,3 +323,43 @@ func benchScenario(b *testing.B, scenario string) {
 		}
 	}
 }
+
+func TestRoundOrder(t *testing.T) {
+	var entries []Entry
+	for _, n := range []string{"a", "b", "c", "d", "e", "f"} {
+		entries = append(entries, Entry{Name: n})
+	}
+	names := func(es []Entry) string {
+		var b strings.Builder
+		for _, e := range es {
+			b.WriteString(e.Name)
+		}
+		return b.String()
+	}
+	var got []string
+	for r := range 3 {
+		got = append(got, names(roundOrder(entries, r, 3)))
+	}
+	if want := []string{"abcdef", "cbafed", "efabcd"}; !slices.Equal(got, want) {
+		t.Errorf("orders of 3 rounds: %q, want %q", got, want)
+	}
+}
+
+func TestMedianRound(t *testing.T) {
+	rs := []Result{
+		{System: "x", Scenario: Uncontended, P50: 300},
+		{System: "x", Scenario: Uncontended, P50: 100},
+		{System: "x", Scenario: Uncontended, P50: 200, Metrics: map[string]float64{"k": 1}},
+	}
+	m := medianRound(rs, true)
+	if m.P50 != 200 || m.Metrics["k"] != 1 || m.Metrics["round_spread"] != 1 {
+		t.Errorf("median of p50s 300, 100, 200: %+v, want p50 200, k 1, round_spread (300-100)/200 = 1", m)
+	}
+	if rs[2].Metrics["round_spread"] != 0 {
+		t.Errorf("medianRound changed its input's metrics: %v", rs[2].Metrics)
+	}
+	c := medianRound([]Result{{Scenario: Contended, Ops: 10}, {Scenario: Contended, Ops: 30}}, false)
+	if c.Ops != 10 || c.Metrics != nil {
+		t.Errorf("median of two contended rounds without spread: %+v, want the lower, no metrics", c)
+	}
+}

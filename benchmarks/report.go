@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -234,7 +235,12 @@ func (rep *Report) sorted() []Result {
 // many scenario's figures, the broker round trips and what was skipped.
 func (rep *Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
-	fmt.Fprintln(tw, "system\tscenario\tsamples\tp50\tp90\tp99\tops/s\tvs floor\tvs best peer\t")
+	spread := slices.ContainsFunc(rep.Metrics, func(m Metric) bool { return m.Name == "round_spread" })
+	head := "system\tscenario\tsamples\tp50\tp90\tp99\tops/s\tvs floor\tvs best peer\t"
+	if spread {
+		head += "spread of rounds\t"
+	}
+	fmt.Fprintln(tw, head)
 	for _, r := range rep.sorted() {
 		fr, ok := rep.FloorRatio(r)
 		if !ok {
@@ -244,9 +250,17 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		if !ok {
 			pr = Ratio{}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.System, r.Scenario, r.Samples,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t", r.System, r.Scenario, r.Samples,
 			FormatDuration(r.P50Duration()), FormatDuration(r.P90Duration()), FormatDuration(r.P99Duration()),
 			FormatRate(r.Ops), fr, pr)
+		if spread {
+			if v, ok := rep.Metric(r.System, r.Scenario, "round_spread"); ok {
+				fmt.Fprintf(tw, "%.0f%%\t", 100*v)
+			} else {
+				fmt.Fprint(tw, "-\t")
+			}
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -254,6 +268,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintln(w, "ratios: p50 ÷ reference's p50 for uncontended, handoff, semaphore (lower is better);")
 	fmt.Fprintln(w, "        ops/s ÷ reference's ops/s for contended (hand-offs, higher is better) and many (renewal round trips, lower is better).")
 	fmt.Fprintln(w, "many: samples and percentiles are the acquires of the leases; ops/s is renewal round trips per second, all masters together.")
+	if spread {
+		fmt.Fprintln(w, "each figure is the median round's; spread of rounds: (highest − lowest) ÷ median of the figure ratios are taken on.")
+	}
 
 	var many, contended []Result
 	for _, r := range rep.sorted() {

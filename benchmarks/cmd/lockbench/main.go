@@ -60,6 +60,9 @@ Scenarios:
                are renewed one lease at a time, as their users must)
 
 Each system runs each scenario for --duration (many: the renewal window).
+With --rounds N everything runs N times, the systems in another order each
+round (so that none always goes first on a cold machine), and each figure
+is the median round's.
 The table gives p50/p90/p99, ops/s, and each system's ratio to its floor
 (natsputex to floor/nats-kv, amqpsem to floor/amqp, the Redis systems to
 floor/redis) and to its best peer (redlockprio/Nk to redsync/Nk, and N1 also
@@ -87,6 +90,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		only      = fs.String("only", "all", "systems to run: comma-separated names or globs (\"redsync/*\", \"floor/\")")
 		scenarios = fs.String("scenarios", strings.Join(benchmarks.Scenarios(), ","), "scenarios to run, comma-separated")
 		duration  = fs.Duration("duration", 3*time.Second, "how long each system runs each scenario")
+		rounds    = fs.Int("rounds", 1, "run everything this many times, the systems in another order each round, and report each pair's median round")
 		workers   = fs.Int("workers", 8, "clients in the contended scenario (and acquiring goroutines in many)")
 		leases    = fs.Int("leases", 10000, "leases held in the many scenario")
 		ttl       = fs.Duration("ttl", benchmarks.DefaultTTL, "lease TTL of the systems with TTLs (renewed every third)")
@@ -129,8 +133,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "lockbench: --scenarios: %v\n", err)
 		return 2
 	}
-	if *duration <= 0 || *workers < 2 || *leases < 1 || *ttl <= 0 {
-		fmt.Fprintln(stderr, "lockbench: --duration and --ttl must be > 0, --workers >= 2, --leases >= 1")
+	if *duration <= 0 || *workers < 2 || *leases < 1 || *ttl <= 0 || *rounds < 1 {
+		fmt.Fprintln(stderr, "lockbench: --duration and --ttl must be > 0, --workers >= 2, --leases >= 1, --rounds >= 1")
 		return 2
 	}
 
@@ -162,7 +166,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 
-	p := benchmarks.Params{Duration: *duration, Workers: *workers, Leases: *leases}
+	p := benchmarks.Params{Duration: *duration, Workers: *workers, Leases: *leases, Rounds: *rounds}
 	start := time.Now()
 	rep, runErr := benchmarks.RunAll(ctx, env, runnable, scs, p, stderr)
 	rep.Skipped = append(leftOut, rep.Skipped...)
@@ -170,7 +174,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rep.Machine.Brokers = bk.about
 	rep.Machine.Params = map[string]string{
 		"duration": duration.String(), "workers": fmt.Sprint(*workers), "leases": fmt.Sprint(*leases),
-		"ttl": ttl.String(), "only": *only, "scenarios": strings.Join(scs, ","),
+		"ttl": ttl.String(), "rounds": fmt.Sprint(*rounds), "only": *only, "scenarios": strings.Join(scs, ","),
 		"hold": "100µs", "semaphore_size": "8",
 	}
 	logf("lockbench: done in %v", time.Since(start).Round(time.Second))
@@ -180,8 +184,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "lockbench: stopped early: %v\n", runErr)
 		code = 1
 	}
-	fmt.Fprintf(stdout, "lockbench %s on %s (%s, %d CPUs, %s), %s per system and scenario\n\n",
-		rep.Machine.Started.Format(time.RFC3339), rep.Machine.Hostname, rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.GoVersion, *duration)
+	fmt.Fprintf(stdout, "lockbench %s on %s (%s, %d CPUs, %s), %s per system and scenario%s\n\n",
+		rep.Machine.Started.Format(time.RFC3339), rep.Machine.Hostname, rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.GoVersion, *duration, medianOf(*rounds))
 	if err := rep.WriteTable(stdout); err != nil {
 		fmt.Fprintf(stderr, "lockbench: %v\n", err)
 		code = 1
@@ -199,6 +203,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return code
+}
+
+func medianOf(rounds int) string {
+	if rounds <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(", median of %d rounds", rounds)
 }
 
 func needs(e benchmarks.Entry) string {
