@@ -219,6 +219,7 @@ func retryBusy(ctx context.Context, cas func() (uint64, error)) (uint64, error) 
 type silence struct {
 	rev   uint64
 	since time.Time
+	blank bool // the write at rev, seen by the watch, left the key blank
 }
 
 // see records that rev was observed now, restarting the clock if rev is
@@ -226,7 +227,7 @@ type silence struct {
 // are ignored.
 func (s *silence) see(rev uint64, now time.Time) {
 	if s.since.IsZero() || rev > s.rev {
-		s.rev, s.since = rev, now
+		s.rev, s.since, s.blank = rev, now, false
 	}
 }
 
@@ -255,6 +256,30 @@ func (c *clocks) see(i int, rev uint64) time.Duration {
 	now := time.Now()
 	c.s[i].see(rev, now)
 	return c.s[i].quiet(rev, now)
+}
+
+// seeBlank records that the watch saw key i left blank by the write at
+// rev.
+func (c *clocks) seeBlank(i int, rev uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.s[i].see(rev, time.Now())
+	if c.s[i].rev == rev {
+		c.s[i].blank = true
+	}
+}
+
+// takeBlank returns the revision at which key i was last seen left blank,
+// if no newer write has been seen since, and forgets it: one attempt may
+// write over that blank without reading the key first.
+func (c *clocks) takeBlank(i int) (uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.s[i].blank {
+		return 0, false
+	}
+	c.s[i].blank = false
+	return c.s[i].rev, true
 }
 
 // last returns the last revision seen on key i and how long ago it was

@@ -196,12 +196,17 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 		slot = i + 1
 	}
 	token := c.newToken()
-	if rev, ok := c.knownBlank(key); ok {
-		// This client blanked the key last: try to write over that blank
-		// directly, one round trip; a conflict means someone wrote since.
+	blank, ok := c.knownBlank(key)
+	if !ok {
+		blank, ok = cl.takeBlank(i)
+	}
+	if ok {
+		// This client blanked the key last, or this call's watch saw it
+		// blanked: try to write over that blank directly, one round trip;
+		// a conflict means someone wrote since.
 		start := time.Now()
 		octx, cancel := c.opContext(ctx)
-		nrev, err := c.st.renew(octx, key, token, rev)
+		nrev, err := c.st.renew(octx, key, token, blank)
 		cancel()
 		if err == nil {
 			return c.hold(ctx, name, key, slot, token, nrev, nrev, start)
@@ -421,7 +426,11 @@ func (c *Client) watch(ctx context.Context, name string, ks []string, cl *clocks
 			if !ok {
 				continue
 			}
-			cl.see(i, e.Revision())
+			if e.Operation() == jetstream.KeyValuePut && len(e.Value()) == 0 {
+				cl.seeBlank(i, e.Revision())
+			} else {
+				cl.see(i, e.Revision())
+			}
 			if e.Operation() != jetstream.KeyValuePut || len(e.Value()) == 0 {
 				select {
 				case w.wake <- struct{}{}:
