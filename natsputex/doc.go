@@ -61,12 +61,25 @@
 //     the write that won the key. Revisions are stream sequences, strictly
 //     increasing across the whole bucket, so a later holder of a name
 //     always has a greater token. Pass it to the resources you protect.
+//     This holds for the life of the bucket's stream: a bucket deleted and
+//     made again (New creates a missing one), or a memory-stored bucket
+//     ([WithStorage]) whose servers all restarted, counts from 1 again, so
+//     a resource that outlives the bucket must be told (reset its highest
+//     token) or keyed by more than the token.
 //   - A dead holder's key is taken over after about T + C·R of silence
 //     (T = F·R), measured by the successor's own clock, plus up to one
 //     interval of alignment.
 //   - A holder learns it lost its key at its next renewal, within R; one
-//     cut off from NATS stops by itself before T − margin has passed since
-//     its last successful write began.
+//     cut off from NATS ends its lease by itself once T − margin has
+//     passed since its last successful write began, before anyone may
+//     take over.
+//   - A Supervisor cut off from NATS begins [Service.Stop] at that same
+//     moment; a standby starts its service no earlier than T + C·R after
+//     that write, so Stop has margin + C·R to finish before the two could
+//     overlap. Choose C (and the margin) for the slowest Stop you have.
+//     When the agent itself stops the service (a failed health check or
+//     write while connected, or shutdown) the key stays held until Stop
+//     has returned, however slow it is.
 //   - What remains: a process paused longer than T (GC, SIGSTOP) still
 //     believes it holds the key until it runs again; its lease's context
 //     then ends at once, but work it does in that instant is only stopped
@@ -84,7 +97,8 @@
 //     check or a write fails. The Supervisor runs [Service.Stop] first and
 //     blanks the key only when Stop has returned (also when [Service.Start]
 //     failed): a blank key is taken at once, and the services of two
-//     agents must never overlap, however slow Stop is. The blank is one
+//     agents must not overlap, however slow Stop is (for an agent cut off
+//     from NATS, see the bound above). The blank is one
 //     update at the agent's last revision; on shutdown too, it never re-reads
 //     the key, as tokens (host names) are shared by an agent's restarts.
 //   - putex re-runs the kill and start actions on every stroke; the

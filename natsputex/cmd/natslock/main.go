@@ -48,8 +48,10 @@ Timing:
 
 A failed write or health check, or another node's token in the key, stops
 the service at once; an active node that could not renew for T minus a
-safety margin (-margin, default R/2) stops by itself, before any standby
-may take over. A dead node's service is taken over after about (F+C)*R.
+safety margin (-margin, default R/2) begins to stop by itself then. A
+standby starts no earlier than (F+C)*R after the last renewal, so the stop
+command has margin + C*R to finish: choose -c for your slowest stop. A
+dead node's service is taken over after about (F+C)*R.
 On SIGTERM or SIGINT natslock stops the service and blanks the key.
 
 Example:
