@@ -132,11 +132,50 @@ func Lint() error {
 	errs = append(errs, eachModule("staticcheck", []string{lintTags}, func(m module) error {
 		return run("go", "run", staticcheck, lintTags, m.packages())
 	}))
-	errs = append(errs, lintWorkflows(), lintScripts())
+	errs = append(errs, lintWorkflows(), lintScripts(), lintBrokerDeps())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("lint failed:\n%w", err)
 	}
 	return nil
+}
+
+// brokerClients are the broker client libraries, by the module that may
+// link one: a user who imports one backend gets no other broker's client,
+// and the contract (locks) none at all.
+var brokerClients = map[string]string{
+	"natsputex":   "github.com/nats-io/nats.go",
+	"amqpsem":     "github.com/rabbitmq/amqp091-go",
+	"redlockprio": "github.com/redis/go-redis/v9",
+	"locks":       "",
+}
+
+// lintBrokerDeps checks that what a user builds from each backend module
+// (its packages and commands, not its tests) links only its own broker's
+// client, as the README says.
+func lintBrokerDeps() error {
+	root, err := workspaceRoot()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for dir, own := range brokerClients {
+		deps, err := output("go", "-C", filepath.Join(root, dir), "list", "-deps", "./...")
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, d := range strings.Fields(deps) {
+			for _, client := range brokerClients {
+				if client != "" && client != own && (d == client || strings.HasPrefix(d, client+"/")) {
+					errs = append(errs, fmt.Errorf("%s links %s, another broker's client (through go list -deps)", dir, d))
+				}
+			}
+			if strings.HasPrefix(d, "github.com/nats-io/nats-server/") {
+				errs = append(errs, fmt.Errorf("%s links the NATS server %s", dir, d))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Check runs Lint, then Test.
