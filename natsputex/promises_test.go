@@ -1,0 +1,176 @@
+package natsputex_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/contracttest"
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
+	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/natsputex"
+)
+
+// promiseEnv is a fresh bucket on an embedded server.
+func promiseEnv(t *testing.T, prefix string) (url, bucket string) {
+	t.Helper()
+	url = natsenv.StartServer(t).URL()
+	bucket = uniqueBucket(prefix)
+	prepareBucket(t, url, bucket)
+	return url, bucket
+}
+
+// TestWaiterWokenByWatch: a waiting Lock is woken by its KV watch when the
+// key is released, not by polling: with a 5s backoff it still gets the
+// key within a fraction of a second of the Release.
+func TestWaiterWokenByWatch(t *testing.T) {
+	url, bucket := promiseEnv(t, "wake")
+	slow := locks.Backoff{Min: 5 * time.Second, Max: 5 * time.Second}
+	holder := newTestClient(t, url, bucket).Locker()
+	waiter := newTestClient(t, url, bucket, natsputex.WithBackoff(slow)).Locker()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := holder.TryLock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := lockBehind(ctx, waiter, "job", lease)
+	time.Sleep(3 * testR) // the waiter has tried once and watches; the holder renews
+	released := time.Now()
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g := <-got
+	if g.err != nil {
+		t.Fatalf("the waiter's Lock: %v", g.err)
+	}
+	defer g.lease.Release(context.Background())
+	took := time.Since(released)
+	t.Logf("the waiter held the key %v after the Release (backoff %v)", took.Round(time.Microsecond), slow.Min)
+	if took > time.Second {
+		t.Errorf("the waiter got the key %v after the Release: it was not woken by its watch (its backoff is %v)", took, slow.Min)
+	}
+}
+
+// TestLossNoticedWithinR: a holder whose key is deleted behind its back
+// learns it at its next renewal: its lease ends with ErrLost within R
+// (plus one write's time).
+func TestLossNoticedWithinR(t *testing.T) {
+	url, bucket := promiseEnv(t, "loss")
+	holder := newTestClient(t, url, bucket).Locker()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := holder.TryLock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * testR)
+	nc, js, err := connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, "job"); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	const slack = 150 * time.Millisecond // one write, and a loaded machine
+	select {
+	case <-lease.Context().Done():
+	case <-time.After(testR + slack + time.Second):
+		t.Fatalf("the lease is still live %v after its key was deleted", time.Since(deleted).Round(time.Millisecond))
+	}
+	took := time.Since(deleted)
+	t.Logf("the holder saw its loss %v after the delete (R = %v)", took.Round(time.Millisecond), testR)
+	if took > testR+slack {
+		t.Errorf("the holder saw its loss %v after the delete, want within R = %v (+%v)", took.Round(time.Millisecond), testR, slack)
+	}
+	if cause := context.Cause(lease.Context()); !errors.Is(cause, locks.ErrLost) {
+		t.Errorf("the lease ended with %v, want ErrLost", cause)
+	}
+}
+
+// TestTakeoverWaitsTPlusCR: a waiter takes a silent holder's key over no
+// sooner than T of silence on its own clock (a waiter that just started
+// watches for a full T) plus C confirmation intervals, and not much later.
+func TestTakeoverWaitsTPlusCR(t *testing.T) {
+	url, bucket := promiseEnv(t, "takeover")
+	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
+	holder := newTestClient(t, "nats://"+proxy.Addr(), bucket)
+	waiter := newTestClient(t, url, bucket).Locker()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := holder.Locker().TryLock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * testR)
+	proxy.BlackHole() // the holder goes silent, without blanking the key
+	defer proxy.Restore()
+	start := time.Now()
+	g := <-lockBehind(ctx, waiter, "job", lease)
+	took := time.Since(start)
+	if g.err != nil {
+		t.Fatalf("the waiter's Lock: %v", g.err)
+	}
+	defer g.lease.Release(context.Background())
+	T := holder.TTL()
+	least := T + testC*testR
+	t.Logf("took the silent holder's key over after %v (T + C·R = %v)", took.Round(time.Millisecond), least)
+	if took < least {
+		t.Errorf("took the key over after %v, sooner than T + C·R = %v", took, least)
+	}
+	if most := least + 2*testR + 500*time.Millisecond; took > most {
+		t.Errorf("took the key over after %v, want within %v", took, most)
+	}
+	if g.otherLive {
+		t.Error("double grant: the silent holder's lease was live when the waiter got the key")
+	}
+}
+
+// TestSupervisorCutOff: an active agent cut off from NATS begins Stop
+// when its hold runs out (T − margin after its last write began); a
+// standby starts no sooner than T + C·R after that write. A Stop that
+// ends within margin + C·R never overlaps the standby's service; a much
+// slower one does, which is the limit the package doc states.
+func TestSupervisorCutOff(t *testing.T) {
+	run := func(t *testing.T, stop time.Duration) error {
+		url, bucket, key := supervisorEnv(t)
+		proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
+		h := contracttest.NewHistory(1)
+		a := startAgent(t, "nats://"+proxy.Addr(), bucket, key, "node-a", h)
+		waitFor(t, 2*handoverBound, "node-a starts its service", a.running)
+		b := startAgent(t, url, bucket, key, "node-b", h)
+		time.Sleep(3 * testR) // b watches the key
+		a.stopDelay.Store(int64(stop))
+		proxy.BlackHole()
+		cut := time.Now()
+		waitFor(t, handoverBound+stop+time.Second, "node-b starts its service", b.running)
+		t.Logf("node-b started %v after node-a was cut off (node-a's Stop takes %v)", time.Since(cut).Round(time.Millisecond), stop)
+		waitFor(t, stop+time.Second, "node-a stops its service", func() bool { return !a.running() })
+		proxy.Restore()
+		a.stop()
+		b.stop()
+		return h.Check()
+	}
+	const margin = testR / 2 // the default
+	t.Run("StopWithinBound", func(t *testing.T) {
+		if err := run(t, (margin+testC*testR)/2); err != nil {
+			t.Errorf("a Stop within margin + C·R overlapped the standby's service: %v", err)
+		}
+	})
+	t.Run("StopBeyondBound", func(t *testing.T) {
+		if err := run(t, 6*(margin+testC*testR)); err == nil {
+			t.Errorf("a Stop far beyond margin + C·R did not overlap the standby's service: the documented limit is wrong, or the test")
+		} else {
+			t.Logf("as documented, a Stop slower than margin + C·R overlaps: %v", err)
+		}
+	})
+}
