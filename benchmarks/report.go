@@ -35,6 +35,9 @@ type Report struct {
 	// run with its cheapest request (Redis PING, NATS PING, AMQP basic.qos),
 	// in nanoseconds, keyed by [Broker.String].
 	RTT map[string]int64 `json:"broker_rtt_p50_ns,omitempty"`
+	// IdleRTT is the same round trip started after IdleGap of silence on
+	// the connection, as a hand-off's are (see [BrokerRTT]).
+	IdleRTT map[string]int64 `json:"broker_idle_rtt_p50_ns,omitempty"`
 }
 
 // Metric is one scenario-specific figure.
@@ -321,7 +324,11 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		}
 		sort.Strings(bs)
 		for _, b := range bs {
-			fmt.Fprintf(w, "broker round trip p50: %-12s %s\n", b, FormatDuration(time.Duration(rep.RTT[b])))
+			fmt.Fprintf(w, "broker round trip p50: %-12s %s", b, FormatDuration(time.Duration(rep.RTT[b])))
+			if idle := rep.IdleRTT[b]; idle > 0 {
+				fmt.Fprintf(w, " back to back, %s after %s idle", FormatDuration(time.Duration(idle)), IdleGap)
+			}
+			fmt.Fprintln(w)
 		}
 		var lines []string
 		for _, r := range rep.sorted() {
@@ -333,7 +340,11 @@ func (rep *Report) WriteTable(w io.Writer) error {
 				continue
 			}
 			if rtt := rep.RTT[e.Needs.String()]; rtt > 0 {
-				lines = append(lines, fmt.Sprintf("%s %.1f", r.System, float64(r.P50)/float64(rtt)))
+				line := fmt.Sprintf("%s %.1f", r.System, float64(r.P50)/float64(rtt))
+				if idle := rep.IdleRTT[e.Needs.String()]; idle > 0 {
+					line += fmt.Sprintf(" (%.1f idle)", float64(r.P50)/float64(idle))
+				}
+				lines = append(lines, line)
 			}
 		}
 		if len(lines) > 0 {
@@ -344,6 +355,10 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	rep.writeSkipped(w)
 	return nil
 }
+
+// IdleGap is how long a connection is left idle before each round trip
+// of [Report.IdleRTT].
+const IdleGap = 2 * time.Millisecond
 
 // WriteJSON writes the report as indented JSON.
 func (rep *Report) WriteJSON(w io.Writer) error {

@@ -15,7 +15,12 @@ import (
 // cheapest request: PING to the first Redis master, a PING/PONG flush to
 // NATS, basic.qos to RabbitMQ. It is the unit in which hand-off latency is
 // judged ("within k round trips of its broker").
-func BrokerRTT(ctx context.Context, env Env, b Broker, n int) (time.Duration, error) {
+//
+// With idle > 0 each round trip starts after the connection has been idle
+// that long, as a hand-off's do (the releaser and the waiter were
+// parked): it then includes waking the threads on both ends that a
+// back-to-back round trip keeps running.
+func BrokerRTT(ctx context.Context, env Env, b Broker, n int, idle time.Duration) (time.Duration, error) {
 	if err := env.need(b, 1); err != nil {
 		return 0, err
 	}
@@ -52,6 +57,9 @@ func BrokerRTT(ctx context.Context, env Env, b Broker, n int) (time.Duration, er
 	}
 	ds := make([]time.Duration, 0, n)
 	for range n + 5 {
+		if idle > 0 {
+			time.Sleep(idle)
+		}
 		t0 := time.Now()
 		if err := once(); err != nil {
 			return 0, fmt.Errorf("%v round trip: %w", b, err)

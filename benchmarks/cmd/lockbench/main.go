@@ -158,19 +158,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 		runnable = append(runnable, e)
 	}
 
-	rtt := map[string]int64{}
+	rtt, idleRTT := map[string]int64{}, map[string]int64{}
 	for _, b := range []benchmarks.Broker{benchmarks.NATS, benchmarks.NATSCluster, benchmarks.Redis, benchmarks.AMQP} {
-		if d, err := benchmarks.BrokerRTT(ctx, env, b, 200); err == nil {
-			rtt[b.String()] = int64(d)
-			logf("lockbench: %s round trip p50 %s", b, benchmarks.FormatDuration(d))
+		d, err := benchmarks.BrokerRTT(ctx, env, b, 200, 0)
+		if err != nil {
+			continue
 		}
+		rtt[b.String()] = int64(d)
+		idle, err := benchmarks.BrokerRTT(ctx, env, b, 100, benchmarks.IdleGap)
+		if err == nil {
+			idleRTT[b.String()] = int64(idle)
+		}
+		logf("lockbench: %s round trip p50 %s back to back, %s after %s idle", b, benchmarks.FormatDuration(d), benchmarks.FormatDuration(idle), benchmarks.IdleGap)
 	}
 
 	p := benchmarks.Params{Duration: *duration, Workers: *workers, Leases: *leases, Rounds: *rounds}
 	start := time.Now()
 	rep, runErr := benchmarks.RunAll(ctx, env, runnable, scs, p, stderr)
 	rep.Skipped = append(leftOut, rep.Skipped...)
-	rep.RTT = rtt
+	rep.RTT, rep.IdleRTT = rtt, idleRTT
 	rep.Machine.Brokers = bk.about
 	rep.Machine.Params = map[string]string{
 		"duration": duration.String(), "workers": fmt.Sprint(*workers), "leases": fmt.Sprint(*leases),
