@@ -225,13 +225,20 @@ func (l *BaseLease) Release(ctx context.Context) error {
 		if l.spec.Release != nil {
 			err = l.spec.Release(ctx)
 		}
-		switch {
-		case err != nil && ctx.Err() != nil:
-			l.releaseErr = fmt.Errorf("locks: release %q: %w", l.spec.Name, errors.Join(ctx.Err(), err))
-		case err != nil:
-			l.releaseErr = fmt.Errorf("locks: release %q: %w", l.spec.Name, err)
-		case !released:
-			l.releaseErr = fmt.Errorf("release %q: %w", l.spec.Name, context.Cause(l.ctx))
+		// A lease that had ended already reports why (ErrLost...), also
+		// when the cleanup at the broker failed too.
+		var errs []error
+		if !released {
+			errs = append(errs, context.Cause(l.ctx))
+		}
+		if err != nil {
+			if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+				errs = append(errs, cerr)
+			}
+			errs = append(errs, err)
+		}
+		if len(errs) > 0 {
+			l.releaseErr = fmt.Errorf("locks: release %q: %w", l.spec.Name, errors.Join(errs...))
 		}
 	})
 	return l.releaseErr

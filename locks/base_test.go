@@ -13,16 +13,30 @@ import (
 
 func TestBaseLeaseReleaseOnce(t *testing.T) {
 	var calls atomic.Int32
-	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+	var l *locks.BaseLease
+	l = locks.NewBaseLease(context.Background(), locks.LeaseSpec{
 		Name: "n", Token: 7, Slot: 2,
 		Release: func(ctx context.Context) error {
 			calls.Add(1)
 			if l := ctx.Value(ctxKey{}); l != nil {
 				t.Errorf("release got the acquire context's value")
 			}
+			// The lease has ended, with its cause, before the broker is told.
+			if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrReleased) {
+				t.Errorf("the broker was told of the release while the lease's cause was %v, want ErrReleased", cause)
+			}
+			select {
+			case <-l.Context().Done():
+			default:
+				t.Errorf("the broker was told of the release before the lease's context was done")
+			}
 			return nil
 		},
 	})
+	ctx := l.Context()
+	if l.Context() != ctx {
+		t.Fatal("Context returned two different contexts for a live lease")
+	}
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -40,6 +54,54 @@ func TestBaseLeaseReleaseOnce(t *testing.T) {
 	}
 	if l.Token() != 7 || l.Slot() != 2 || l.Name() != "n" || l.Live() {
 		t.Fatalf("accessors after release: token %d slot %d name %q live %v", l.Token(), l.Slot(), l.Name(), l.Live())
+	}
+	if l.Context() != ctx {
+		t.Fatal("Context after Release is not the context it returned before")
+	}
+}
+
+// TestBaseLeaseReleaseOrder: Release ends the lease's context with
+// ErrReleased and waits for the renewal loop to stop before it calls the
+// broker, so no renewal can race with the release.
+func TestBaseLeaseReleaseOrder(t *testing.T) {
+	var renewing, renewals atomic.Int32
+	var l *locks.BaseLease
+	brokerTold := make(chan struct{})
+	l = locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+		Name: "n", Deadline: time.Now().Add(time.Minute),
+		Release: func(context.Context) error {
+			defer close(brokerTold)
+			if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrReleased) {
+				t.Errorf("the broker was told of the release while the lease's cause was %v, want ErrReleased", cause)
+			}
+			if n := renewing.Load(); n != 0 {
+				t.Errorf("the broker was told of the release while %d renewals ran", n)
+			}
+			return nil
+		},
+	})
+	l.KeepAlive(time.Millisecond, func(context.Context) (time.Time, error) {
+		renewing.Add(1)
+		defer renewing.Add(-1)
+		renewals.Add(1)
+		time.Sleep(5 * time.Millisecond) // a slow broker: Release must wait for it
+		return time.Now().Add(time.Minute), nil
+	})
+	for renewals.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	select {
+	case <-brokerTold:
+	default:
+		t.Fatal("Release returned without telling the broker")
+	}
+	n := renewals.Load()
+	time.Sleep(20 * time.Millisecond)
+	if m := renewals.Load(); m != n {
+		t.Fatalf("%d renewals after Release returned", m-n)
 	}
 }
 
@@ -64,6 +126,7 @@ func TestBaseLeaseDeadline(t *testing.T) {
 		Name: "n", Deadline: time.Now().Add(30 * time.Millisecond),
 		Release: func(context.Context) error { released.Store(true); return nil },
 	})
+	ctx := l.Context()
 	if !l.Extend(time.Now().Add(80 * time.Millisecond)) {
 		t.Fatal("Extend on a live lease reported false")
 	}
@@ -77,6 +140,9 @@ func TestBaseLeaseDeadline(t *testing.T) {
 	}
 	if l.Extend(time.Now().Add(time.Hour)) {
 		t.Fatal("Extend revived an ended lease")
+	}
+	if l.Context() != ctx {
+		t.Fatal("Context after the lease was lost is not the context it returned before")
 	}
 	err := l.Release(context.Background())
 	if !errors.Is(err, locks.ErrLost) {
@@ -196,5 +262,21 @@ func TestKeepAliveAfterRelease(t *testing.T) {
 		if l.Live() {
 			t.Fatal("the lease is live after Release")
 		}
+	}
+}
+
+// TestBaseLeaseReleaseAfterLossFails: Release of a lease lost earlier
+// reports the loss even when the cleanup at the broker fails too, so that
+// Do never drops the loss cause.
+func TestBaseLeaseReleaseAfterLossFails(t *testing.T) {
+	unreachable := errors.New("broker unreachable")
+	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+		Name:    "n",
+		Release: func(context.Context) error { return unreachable },
+	})
+	l.End(locks.Lost(errors.New("key deleted")))
+	err := l.Release(context.Background())
+	if !errors.Is(err, locks.ErrLost) || !errors.Is(err, unreachable) {
+		t.Fatalf("Release after a loss, cleanup failing: %v; want an error matching ErrLost and the cleanup's error", err)
 	}
 }

@@ -34,9 +34,12 @@ type Lease interface {
 	// Release is idempotent: the first call does the work and every call
 	// returns its result. If the lease had already been lost, Release
 	// still cleans up what remains at the broker and returns an error
-	// matching [ErrLost], so the caller learns that its critical section
-	// may not have been exclusive. If ctx ends first, the lease has still
-	// ended locally and the broker forgets it when its TTL runs out.
+	// matching [ErrLost], also when that cleanup fails, so the caller
+	// learns that its critical section may not have been exclusive. If ctx
+	// ends first (or had ended), Release returns nil or an error matching
+	// ctx's error; the lease has still ended locally, and the name is freed
+	// without ctx: by the backend finishing the release in the background,
+	// or at the latest when the broker's TTL runs out.
 	Release(ctx context.Context) error
 }
 

@@ -142,10 +142,11 @@ func (c *Client) HolderID() string { return c.o.holderID }
 // waiter takes it over.
 func (c *Client) TTL() time.Duration { return c.o.ttl() }
 
-// Close releases every lease the client holds (blanking their keys), makes
-// waiting calls return and later calls fail with an error matching
-// [locks.ErrClosed]. It does not close the NATS connection. Close is
-// idempotent; it returns the errors of the releases, if any.
+// Close releases every lease the client holds (their contexts end with an
+// error matching [locks.ErrLost] and [locks.ErrClosed], then their keys are
+// blanked), makes waiting calls return and later calls fail with an error
+// matching [locks.ErrClosed]. It does not close the NATS connection. Close
+// is idempotent; it returns the errors of the blanks that failed, if any.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.ctx.Err() != nil {
@@ -160,11 +161,16 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	cause := locks.Lost(fmt.Errorf("natsputex: client closed: %w", locks.ErrClosed))
 	var errs []error
 	for _, l := range held {
-		if err := l.Release(ctx); err != nil && !errors.Is(err, locks.ErrLost) {
-			errs = append(errs, err)
+		l.End(cause) // a no-op for a lease lost earlier
+		_ = l.Release(ctx)
+		l.mu.Lock()
+		if l.blankErr != nil {
+			errs = append(errs, l.blankErr)
 		}
+		l.mu.Unlock()
 	}
 	return errors.Join(errs...)
 }

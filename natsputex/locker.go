@@ -299,8 +299,9 @@ type lease struct {
 	key   string
 	token string
 
-	mu  sync.Mutex
-	rev uint64 // revision of the last successful write
+	mu       sync.Mutex
+	rev      uint64 // revision of the last successful write
+	blankErr error  // why Release could not blank the key, if it could not
 }
 
 // hold makes the lease for key, won at revision won (the fencing token)
@@ -377,7 +378,11 @@ func (l *lease) release(ctx context.Context) error {
 	defer cancel()
 	nrev, err := l.c.st.clear(ctx, l.key, l.token, rev)
 	if err != nil {
-		return fmt.Errorf("natsputex: blank %q: %w", l.key, err)
+		err = fmt.Errorf("natsputex: blank %q: %w", l.key, err)
+		l.mu.Lock()
+		l.blankErr = err
+		l.mu.Unlock()
+		return err
 	}
 	if nrev > 0 {
 		l.c.rememberBlank(l.key, nrev)
