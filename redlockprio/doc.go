@@ -19,7 +19,9 @@
 // step on a master is one Lua script, run by SHA (EVALSHA, falling back to
 // EVAL on NOSCRIPT); requests to the masters go out in parallel, and a
 // step returns as soon as its outcome is decided (a quorum granted, or
-// released): the other masters' calls finish in the background, and at
+// released, or so many refused that no quorum can grant; a semaphore's
+// acquisition waits for every master, as they may pick different slots):
+// the other masters' calls finish in the background, and at
 // each master the Locker's calls about a name are made in the order it
 // issued them (a lease's release never overtakes its acquire there, nor
 // the next acquire its release). An attempt
@@ -116,7 +118,12 @@
 // let a third client take the name while the victim still runs. When the
 // Locker is closed meanwhile, such keys — and those of a thief still
 // waiting — are left to expire: set after the victim's, they outlast its
-// validity (TestCloseKeepsWaitingThiefKeys).
+// validity (TestCloseKeepsWaitingThiefKeys). An attempt whose context
+// ended before the answers came cannot know whom it displaced: it keeps
+// every key it took from another holder, to expire when that holder's
+// lease would have, and for a TTL it does not acknowledge a later
+// thief's notice about them, so that thief waits them out
+// (TestTimedOutTheftKeepsVictimsName).
 //
 // Chain of thieves: an attempt or lease that is robbed while it is still
 // waiting for its own victim ends at once but delays its acknowledgement

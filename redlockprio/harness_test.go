@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -121,7 +122,7 @@ func (h *harness) Capabilities() contracttest.Capabilities {
 		Semaphore:     true,
 		CrashRecovery: testTTL + 100*time.Millisecond,
 		LossDetection: 2 * testRenew,
-		InvalidNames:  []string{"bad\x00name", string([]byte{0xff}), "has{brace", "has}brace"},
+		InvalidNames:  []string{"bad\x00name", string([]byte{0xff}), "has{brace", "has}brace", strings.Repeat("x", 1025)},
 	}
 }
 

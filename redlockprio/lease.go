@@ -266,7 +266,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		defer late.decide(0) // a failed attempt, unless decided otherwise
 		f.late = late.add
 		if size == 1 {
-			f.enough = l.quorumGranted
+			f.enough = l.grantDecided
 		} // else wait for all: masters may pick different slots
 	}
 	fl := *floor
@@ -316,12 +316,17 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	}
 	won := best.gs
 
+	tokenSet := false // late has the token: it no longer sees to failed attempts
 	fail := func(err error) (locks.Lease, error) {
 		// Masters yet to answer may grant: delete there too (after the
-		// acquire, which sequence orders first).
+		// acquire, which sequence orders first) — unless the attempt
+		// failed before its token was set, when their answers go to late
+		// (decided 0 as acquire returns), which deletes what they grant:
+		// a failure decided without them (grantDecided) must not wait for
+		// a hung master.
 		others := unknown
 		for _, m := range l.masters {
-			if !slices.ContainsFunc(rs, func(r result) bool { return r.m == m }) {
+			if !slices.ContainsFunc(rs, func(r result) bool { return r.m == m }) && (late == nil || tokenSet) {
 				others = append(others, m)
 			}
 		}
@@ -363,6 +368,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	}
 	if late != nil {
 		late.decide(token)
+		tokenSet = true
 	}
 	atToken := 0
 	var lower, pending []*master
@@ -613,21 +619,23 @@ func (l *Locker) abandon(ctx context.Context, e *Lease, gs []grant, others []*ma
 			now = append(now, m)
 		}
 	}
+	// On the masters of now, a key the attempt took from a holder it does
+	// not know of (the answer was lost) is kept: see releaseScript.
 	if len(victims) == 0 {
-		l.abort(ctx, e, now)
+		l.abort(ctx, e, now, true)
 		return
 	}
-	l.deleteKeys(ctx, e, now)
+	l.deleteKeys(ctx, e, now, true)
 	acks := l.tell(victims)
 	if !l.goTracked(func() {
 		if l.waitVictims(victims, acks, time.Time{}) {
-			l.abort(context.Background(), e, taken)
+			l.abort(context.Background(), e, taken, false)
 		} else {
-			l.abort(context.Background(), e, nil)
+			l.abort(context.Background(), e, nil, false)
 		}
 	}) {
 		l.forgetAcks(acks)
-		l.abort(ctx, e, nil)
+		l.abort(ctx, e, nil, false)
 	}
 }
 
@@ -645,21 +653,24 @@ func heldError(name string, held []grant, err error) error {
 	return he
 }
 
-// abort forgets a failed attempt and deletes whatever it got on ms.
-func (l *Locker) abort(ctx context.Context, e *Lease, ms []*master) {
+// abort forgets a failed attempt and deletes whatever it got on ms (see
+// deleteKeys for keepTaken).
+func (l *Locker) abort(ctx context.Context, e *Lease, ms []*master, keepTaken bool) {
 	l.forget(e)
 	select {
 	case <-e.settled:
 	default:
 		close(e.settled)
 	}
-	l.deleteKeys(ctx, e, ms)
+	l.deleteKeys(ctx, e, ms, keepTaken)
 }
 
-// deleteKeys deletes the attempt's keys, of every slot, on ms. It waits for
-// the answers until ctx ends; the calls go on regardless (up to TTL/2),
-// so that a Lock whose context ended returns at once and still cleans up.
-func (l *Locker) deleteKeys(ctx context.Context, e *Lease, ms []*master) {
+// deleteKeys deletes the attempt's keys, of every slot, on ms; with
+// keepTaken, not those it took from another holder (see releaseScript).
+// It waits for the answers until ctx ends; the calls go on regardless (up
+// to TTL/2), so that a Lock whose context ended returns at once and still
+// cleans up.
+func (l *Locker) deleteKeys(ctx context.Context, e *Lease, ms []*master, keepTaken bool) {
 	if len(ms) == 0 {
 		return
 	}
@@ -668,9 +679,14 @@ func (l *Locker) deleteKeys(ctx context.Context, e *Lease, ms []*master) {
 	for s := 1; s <= e.size; s++ {
 		keys = append(keys, l.key(e.name, s))
 	}
+	keep := "0"
+	if keepTaken {
+		keep = "1"
+		l.rememberKept(e.id)
+	}
 	l.fanout(ctx, ms, func(ctx context.Context, m *master) (any, error) {
 		for _, k := range keys {
-			if _, err := runScript(ctx, releaseScript, m.c, []string{k, e.fence}, e.id, 0, ""); err != nil {
+			if _, err := runScript(ctx, releaseScript, m.c, []string{k, e.fence}, e.id, 0, "", keep); err != nil {
 				return nil, err
 			}
 		}
@@ -738,6 +754,14 @@ func (a *lateAnswers) check(r result, token uint64) {
 	switch {
 	case token == 0 && err == nil && g.status == 1:
 		_, _ = runScript(ctx, releaseScript, r.m.c, []string{a.l.key(a.e.name, g.slot), a.e.fence}, a.e.id, 0, "")
+	case token == 0 && err != nil && !isClosed(err):
+		// The call may have granted all the same: delete there, as the
+		// failed attempt does where a call failed in time (keeping a key
+		// taken from a holder it cannot tell).
+		a.l.rememberKept(a.e.id)
+		for s := 1; s <= a.e.size; s++ {
+			_, _ = runScript(ctx, releaseScript, r.m.c, []string{a.l.key(a.e.name, s), a.e.fence}, a.e.id, 0, "", "1")
+		}
 	case token == 0, err == nil && g.counter >= token:
 	case a.e.releasing.Load():
 		// The lease's release, under way, raises every master it reaches
@@ -762,17 +786,20 @@ type slotGrants struct {
 	gs   []grant
 }
 
-// quorumGranted says whether a quorum of acquire answers granted a slot.
-func (l *Locker) quorumGranted(rs []result) bool {
-	n := 0
+// grantDecided says whether the acquire answers so far decide the
+// outcome of an attempt at a lock (one slot): a quorum granted, or so
+// many masters did not grant (held elsewhere, or failed) that the others
+// cannot make a quorum.
+func (l *Locker) grantDecided(rs []result) bool {
+	granted := 0
 	for _, r := range rs {
 		if r.err == nil {
 			if v, ok := r.val.([]any); ok && len(v) > 0 && v[0] != int64(0) {
-				n++
+				granted++
 			}
 		}
 	}
-	return n >= l.quorum
+	return granted >= l.quorum || len(rs)-granted > len(l.masters)-l.quorum
 }
 
 // releaseExtra deletes the attempt's keys of the other slots that gs

@@ -78,6 +78,11 @@ type Locker struct {
 	entries  map[string]*Lease // by holder id: held leases and attempts in flight
 	renewing bool
 	acks     map[string]chan struct{} // victim holder id -> closed on its ack
+	// kept holds the ids of failed attempts that may have kept keys they
+	// took from holders they never told (see deleteKeys), until those
+	// keys have surely expired: a thief that finds such a key gets no
+	// acknowledgement for it, and waits it out.
+	kept map[string]time.Time
 
 	subOnce  sync.Once
 	subReady chan struct{} // closed once the inbox is subscribed (or gave up)
@@ -148,6 +153,7 @@ func New(masters []redis.UniversalClient, opts ...Option) (*Locker, error) {
 		seq:      map[seqKey]chan struct{}{},
 		entries:  map[string]*Lease{},
 		acks:     map[string]chan struct{}{},
+		kept:     map[string]time.Time{},
 		subReady: make(chan struct{}),
 		watchers: map[string]*watchState{},
 		subAcked: make([]bool, len(ms)),

@@ -206,10 +206,16 @@ func (l *Locker) inboxMessage(payload string) {
 // acknowledgement once the lease can no longer be in use — at once,
 // unless the lease is itself a thief still waiting for its own victim
 // (the chain of thieves), in which case the acknowledgement waits for
-// that.
+// that. A failed attempt that may have kept another holder's key (see
+// kept) gets no acknowledgement: that holder may still run, so the thief
+// must wait the key out.
 func (l *Locker) notice(vid, reply, thief string) {
 	l.mu.Lock()
 	e := l.entries[vid]
+	if until, ok := l.kept[vid]; e == nil && ok && time.Now().Before(until) {
+		l.mu.Unlock()
+		return
+	}
 	var (
 		base    *locks.BaseLease
 		settled chan struct{}
@@ -236,6 +242,21 @@ func (l *Locker) notice(vid, reply, thief string) {
 		}
 		l.publish(reply, "A|"+vid)
 	})
+}
+
+// rememberKept records that the failed attempt id may have kept keys it
+// took from other holders, for as long as such a key can live (a TTL:
+// the key expires when its victim's lease would have).
+func (l *Locker) rememberKept(id string) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, until := range l.kept {
+		if now.After(until) {
+			delete(l.kept, k)
+		}
+	}
+	l.kept[id] = now.Add(l.o.ttl)
 }
 
 // publish sends payload on channel through every master, in the

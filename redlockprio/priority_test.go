@@ -85,6 +85,31 @@ func plant(t testing.TB, addr, name string, slot int, id string, prio int) {
 	}
 }
 
+// maxPTTL returns the largest remaining TTL of name's key (slot 1) on the
+// masters at addrs.
+func maxPTTL(t testing.TB, addrs []string, name string) time.Duration {
+	t.Helper()
+	var largest time.Duration
+	for _, a := range addrs {
+		rc := newRedis(a)
+		d, err := rc.PTTL(context.Background(), "latchkey:{"+name+"}:1").Result()
+		_ = rc.Close()
+		if err != nil {
+			t.Fatalf("PTTL on %s: %v", a, err)
+		}
+		largest = max(largest, d)
+	}
+	return largest
+}
+
+// testDrift is the drift allowance of the tests' Lockers (testTTL, the
+// default drift factor).
+const testDrift = testTTL/100 + 2*time.Millisecond
+
+// theftMargin is the scheduling margin of the upper bounds on a thief's
+// wait: generous, not a performance claim.
+const theftMargin = 200 * time.Millisecond
+
 func unplant(t testing.TB, addr, name string, slot int) {
 	t.Helper()
 	rc := newRedis(addr)
@@ -157,6 +182,11 @@ func TestTheftFromUnreachableVictimWaitsOutItsValidity(t *testing.T) {
 	}
 	low.cut() // the victim hears nothing from now on, and renews nothing
 	deadline := victim.(*redlockprio.Lease).Deadline()
+	// Let half the victim's TTL pass, so that a thief waiting a whole TTL
+	// rather than what is left of the victim's would be seen.
+	time.Sleep(testTTL / 2)
+	read := time.Now()
+	pttl := maxPTTL(t, addrs, name) // the victim can no longer extend it
 	thief, err := high.l.Lock(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +198,13 @@ func TestTheftFromUnreachableVictimWaitsOutItsValidity(t *testing.T) {
 	if victim.Context().Err() == nil {
 		t.Fatalf("the victim still believes it holds the name after the thief got it")
 	}
-	t.Logf("thief got the lock %v after the victim's deadline; victim ended with %v", got.Sub(deadline).Round(time.Millisecond), context.Cause(victim.Context()))
+	// And it waits at most the victim's remaining PTTL plus the drift.
+	if limit := read.Add(pttl + testDrift + theftMargin); got.After(limit) {
+		t.Errorf("the thief waited %v past the victim's remaining PTTL %v plus the drift %v (margin %v)",
+			got.Sub(read.Add(pttl+testDrift)).Round(time.Millisecond), pttl, testDrift, theftMargin)
+	}
+	t.Logf("thief got the lock %v after the victim's deadline, %v after its keys' remaining PTTL %v plus the drift; victim ended with %v",
+		got.Sub(deadline).Round(time.Millisecond), got.Sub(read.Add(pttl+testDrift)).Round(time.Millisecond), pttl, context.Cause(victim.Context()))
 	_ = thief.Release(ctx)
 }
 
@@ -218,6 +254,11 @@ func TestChainOfThieves(t *testing.T) {
 	}
 	p1.cut()
 	vDeadline := v.(*redlockprio.Lease).Deadline()
+	// Let half p1's TTL pass, so that a wait of one link longer than what
+	// is left of p1's validity would be seen.
+	time.Sleep(testTTL / 2)
+	read := time.Now()
+	pttl := maxPTTL(t, addrs, name)
 
 	var (
 		mu      sync.Mutex
@@ -262,6 +303,14 @@ func TestChainOfThieves(t *testing.T) {
 	if got.Before(vDeadline) {
 		t.Errorf("p3 got the lock %v before p1's validity deadline", vDeadline.Sub(got))
 	}
+	// The chain adds no TTL: p3 waits at most p1's remaining PTTL plus the
+	// drift, not p2's.
+	if limit := read.Add(pttl + testDrift + theftMargin); got.After(limit) {
+		t.Errorf("p3 got the lock %v past p1's remaining PTTL %v plus the drift %v (margin %v)",
+			got.Sub(read.Add(pttl+testDrift)).Round(time.Millisecond), pttl, testDrift, theftMargin)
+	}
+	t.Logf("p3 got the lock %v after p1's deadline, %v after p1's remaining PTTL %v plus the drift", got.Sub(vDeadline).Round(time.Millisecond),
+		got.Sub(read.Add(pttl+testDrift)).Round(time.Millisecond), pttl)
 	time.Sleep(2 * testRenew) // p2 retries meanwhile and must keep waiting
 	cancel2()
 	<-done2

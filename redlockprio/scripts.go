@@ -99,8 +99,13 @@ return 0
 //
 // KEYS[1] is the slot key, KEYS[2] the fence counter. ARGV: id, token,
 // release channel ("" for none: a failed attempt tells nobody, so that
-// waiters do not wake each other in a loop). It raises the counter to the
-// token, like renewScript. It publishes the id on the channel whether or
+// waiters do not wake each other in a loop), and optionally "1" to keep
+// the key if the caller took it from another holder (its 'from' field):
+// a failed attempt cleaning up where it did not see the answer, so that
+// a victim it never told is not left without its key while it still runs
+// (set after the victim's, the key outlasts its validity, and the
+// victim's renewals see that it was displaced). It raises the counter to
+// the token, like renewScript. It publishes the id on the channel whether or
 // not the key was still there: either way this master no longer holds
 // the name for the caller, and waiters wake once a quorum of masters has
 // said so (see Locker.dispatch). It returns 1 when it deleted the key, 0
@@ -109,7 +114,8 @@ var releaseScript = redis.NewScript(`
 local tok = tonumber(ARGV[2])
 if tok > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') < tok then redis.call('SET', KEYS[2], tok) end
 local deleted = 0
-if redis.call('HGET', KEYS[1], 'id') == ARGV[1] then
+local h = redis.call('HMGET', KEYS[1], 'id', 'from')
+if h[1] == ARGV[1] and not (ARGV[4] == '1' and h[2]) then
   redis.call('DEL', KEYS[1])
   deleted = 1
 end
