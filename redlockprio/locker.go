@@ -84,14 +84,14 @@ type Locker struct {
 	// acknowledgement for it, and waits it out.
 	kept map[string]time.Time
 
-	subOnce  sync.Once
-	subReady chan struct{} // closed once the inbox is subscribed (or gave up)
-	subMu    sync.Mutex    // serializes (un)subscriptions of release channels
-	pubsubs  []*redis.PubSub
-	watchers map[string]*watchState // by release channel, guarded by mu
-	sweeping bool                   // a sweep goroutine runs; guarded by mu
-	subAcked []bool                 // per master: inbox subscription confirmed
-	subAll   chan struct{}          // closed once every master confirmed
+	subOnce   sync.Once
+	subReady  chan struct{} // closed once the inbox is subscribed (or gave up)
+	subMu     sync.Mutex    // serializes (un)subscriptions of release channels
+	pubsubs   []*redis.PubSub
+	watchers  map[string]*watchState // by release channel, guarded by mu
+	sweeping  bool                   // a sweep goroutine runs; guarded by mu
+	subAcked  []bool                 // per master: inbox subscription confirmed
+	subQuorum chan struct{}          // closed once a quorum of masters confirmed
 }
 
 var _ locks.Locker = (*Locker)(nil)

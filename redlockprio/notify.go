@@ -21,8 +21,10 @@ import (
 //     name, carries the release scripts' PUBLISH.
 
 // subscribeInbox subscribes the Locker's inbox on every master, once, and
-// waits until every master confirmed, a short time passed (so that a dead
-// minority does not stall acquisitions), or ctx ended. The subscriptions
+// waits until a quorum of masters confirmed (a thief publishes its notice
+// through every master it reaches, a quorum at least, and two quorums
+// share a master), a short time passed, or ctx ended: a dead or hung
+// minority does not delay acquisitions. The subscriptions
 // are made in the background: a master that does not answer cannot hold
 // the caller past ctx.
 func (l *Locker) subscribeInbox(ctx context.Context) error {
@@ -50,7 +52,7 @@ func (l *Locker) subscribeInbox(ctx context.Context) error {
 			select {
 			case <-t.C:
 			case <-l.done:
-			case <-l.subAllAcked():
+			case <-l.subQuorumAcked():
 			}
 			l.subReadyOnce()
 		})
@@ -68,15 +70,15 @@ func (l *Locker) subscribeInbox(ctx context.Context) error {
 	}
 }
 
-// subAllAcked returns a channel closed once every master confirmed the
-// inbox subscription.
-func (l *Locker) subAllAcked() <-chan struct{} {
+// subQuorumAcked returns a channel closed once a quorum of masters
+// confirmed the inbox subscription.
+func (l *Locker) subQuorumAcked() <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.subAll == nil {
-		l.subAll = make(chan struct{})
+	if l.subQuorum == nil {
+		l.subQuorum = make(chan struct{})
 	}
-	return l.subAll
+	return l.subQuorum
 }
 
 func (l *Locker) subReadyOnce() {
@@ -152,18 +154,20 @@ func (l *Locker) dispatch(i int, msg any) {
 		if msg.Kind == "subscribe" && msg.Channel == l.inbox {
 			l.mu.Lock()
 			l.subAcked[i] = true
-			all := true
+			n := 0
 			for _, ok := range l.subAcked {
-				all = all && ok
+				if ok {
+					n++
+				}
 			}
-			if all && l.subAll == nil {
-				l.subAll = make(chan struct{})
+			if n >= l.quorum && l.subQuorum == nil {
+				l.subQuorum = make(chan struct{})
 			}
-			if all {
+			if n >= l.quorum {
 				select {
-				case <-l.subAll:
+				case <-l.subQuorum:
 				default:
-					close(l.subAll)
+					close(l.subQuorum)
 				}
 			}
 			l.mu.Unlock()

@@ -573,3 +573,27 @@ func testTimedOutTheft(t *testing.T, thirdPriority int) {
 	}
 	t.Logf("another client (priority %d) got the name %v after the displaced holder's deadline", thirdPriority, at.Sub(deadline).Round(time.Millisecond))
 }
+
+// TestFirstLockWithHungMaster: a new Locker's first Lock waits for its
+// inbox to be subscribed on a quorum of masters only (a thief's notice
+// goes through every master it reaches, and two quorums share one), not
+// on every master: a hung minority does not delay it.
+func TestFirstLockWithHungMaster(t *testing.T) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	opts := []redlockprio.Option{redlockprio.WithTTL(10 * time.Second), redlockprio.WithRenewInterval(time.Second)}
+	c := mustProxied(t, addrs, opts...)
+	c.proxies[2].BlackHole()
+	defer c.proxies[2].Restore()
+	ctx := ctxFor(t, 10*time.Second)
+	start := time.Now()
+	lease, err := c.l.Lock(ctx, uniqueName(t))
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	t.Logf("a new Locker's first Lock with one master of three hung: %v", took.Round(time.Millisecond))
+	if took > hungBound {
+		t.Errorf("a new Locker's first Lock took %v with one master of three hung, want at most %v (it waited for every inbox subscription)", took.Round(time.Millisecond), hungBound)
+	}
+}
