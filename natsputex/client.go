@@ -62,6 +62,9 @@ type Client struct {
 	mu     sync.Mutex
 	leases map[*lease]struct{}
 	blank  map[string]uint64 // keys this client left blank, at revision
+	// stopping counts watches being stopped in the background; Close
+	// waits for them. Add only under mu while the client is open.
+	stopping sync.WaitGroup
 }
 
 // New returns a Client on bucket, creating the bucket if it does not exist
@@ -163,6 +166,7 @@ func (c *Client) Close() error {
 	defer cancel()
 	cause := locks.Lost(fmt.Errorf("natsputex: client closed: %w", locks.ErrClosed))
 	var errs []error
+	defer c.stopping.Wait()
 	for _, l := range held {
 		l.End(cause) // a no-op for a lease lost earlier
 		_ = l.Release(ctx)

@@ -142,7 +142,7 @@ func (c *Client) acquire(ctx context.Context, name string, ks []string, wait boo
 	if err != nil && wait && errors.Is(err, locks.ErrNotAcquired) {
 		var w *watch
 		if w, err = c.watch(bctx, name, ks, cl); err == nil {
-			defer w.stop()
+			defer c.stopWatch(w)
 			lease, err = locks.Wait(bctx, w.wake, c.o.backoff, try)
 		} else if bctx.Err() == nil {
 			// No watch (a broker refusing consumers): poll.
@@ -358,6 +358,15 @@ func (l *lease) renew(ctx context.Context) (time.Time, error) {
 	defer l.mu.Unlock()
 	start := time.Now()
 	rev, err := c.st.renew(ctx, l.key, l.token, l.rev)
+	if isConflict(err) {
+		// A conflict may answer this very write, applied all the same: a
+		// stream leader that lost its leadership answers it late, after
+		// the new leader stored it. The key still holding this lease's
+		// token (unique to it) at a later revision says so.
+		if r, rerr := c.st.read(ctx, l.key); rerr == nil && r.holder == l.token && r.rev > l.rev {
+			rev, err = r.rev, nil
+		}
+	}
 	if err != nil {
 		why := "renewal failed"
 		if isConflict(err) {
@@ -445,6 +454,26 @@ func (c *Client) watch(ctx context.Context, name string, ks []string, cl *clocks
 		}
 	}()
 	return w, nil
+}
+
+// stopWatch stops w in the background, so that a waiting call returns as
+// soon as it has its answer: stopping the watch deletes its consumer, a
+// request that waits out its timeout (5s) when the node running the
+// consumer, or the meta leader, is unreachable. A closed client stops it
+// here.
+func (c *Client) stopWatch(w *watch) {
+	c.mu.Lock()
+	if c.ctx.Err() != nil {
+		c.mu.Unlock()
+		w.stop()
+		return
+	}
+	c.stopping.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.stopping.Done()
+		w.stop()
+	}()
 }
 
 func (w *watch) stop() {

@@ -1,6 +1,9 @@
 // Package natsenv provides NATS servers with JetStream to tests: a single
 // node or a cluster, embedded in the test process (nats-server/v2 as a
-// library) on loopback ports, so that tests need nothing installed.
+// library) on loopback ports, so that tests need nothing installed. A
+// server may require TLS, a password or, in operator mode, JWT
+// credentials ([ServerConfig]); a cluster's routes may go through fault
+// proxies, to partition nodes ([ClusterConfig]).
 //
 // It is a module of its own, separate from testenv, so that the NATS server
 // is only in the module graph of the backends that use it.
@@ -13,6 +16,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +28,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/goleak"
 )
@@ -110,12 +115,25 @@ type ServerConfig struct {
 	// User and Password, if set, are the one user clients must
 	// authenticate as.
 	User, Password string
+	// Operator, if set, runs the server in operator (JWT) mode with
+	// Operator's accounts in a memory resolver: clients authenticate
+	// with the credentials of a user of Operator ([Operator.NewUser]),
+	// and have JetStream. It excludes User and Password.
+	Operator *Operator
 }
 
 // StartServerWith is [StartServer] with cfg.
 func StartServerWith(t testing.TB, cfg ServerConfig) *Server {
 	t.Helper()
+	if cfg.Operator != nil && (cfg.User != "" || cfg.Password != "") {
+		t.Fatalf("natsenv: a server in operator mode has no user and password of its own")
+	}
 	s := newServer(t, fmt.Sprintf("latchkey-%d", seq.Add(1)), nil)
+	if op := cfg.Operator; op != nil {
+		s.opts.TrustedOperators = []*jwt.OperatorClaims{op.claims}
+		s.opts.AccountResolver = op.resolver
+		s.opts.SystemAccount = op.claims.SystemAccount
+	}
 	if cfg.TLS != nil {
 		s.opts.TLS = true
 		s.opts.TLSConfig = cfg.TLS.Server.Clone()
@@ -269,11 +287,38 @@ func (s *Server) server() *server.Server {
 }
 
 // A Cluster is a JetStream cluster of embedded NATS servers on loopback,
-// started by [StartCluster]. Its methods are safe to call from several
-// goroutines.
+// started by [StartCluster] or [StartClusterWith]. Its methods are safe to
+// call from several goroutines.
 type Cluster struct {
 	servers []*Server
+	// proxies[i][j] carries the route node i dials to node j (nil for
+	// i == j), with [ClusterConfig.ProxyRoutes]; nil otherwise.
+	proxies [][]*testenv.Proxy
+
+	mu       sync.Mutex
+	isolated map[int]bool
 }
+
+// ClusterConfig is what [StartClusterWith] adds to a cluster.
+type ClusterConfig struct {
+	// ProxyRoutes, if set, carries every route connection through a
+	// [testenv.Proxy] of its own, one per ordered pair of nodes (node i
+	// dials node j through proxy (i, j)), so that [Cluster.Isolate] can
+	// cut nodes off. Routes are not pooled then: a pair of nodes has
+	// one route connection. Nodes advertise 127.0.0.1:1, where nothing
+	// listens, as their route address, so that the routes they learn
+	// from each other by gossip (implicit routes, which nats-server
+	// dials at the advertised address, once) fail instead of bypassing
+	// the proxies. Server logs (with -v) then show one refused connection
+	// to 127.0.0.1:1 now and then: that is expected.
+	ProxyRoutes bool
+}
+
+// unroutable is the route address nodes advertise with
+// [ClusterConfig.ProxyRoutes]: port 1 on loopback, which nothing listens
+// on, so that a node dialling it is refused at once, and gives up since
+// implicit routes are not retried (Cluster.ConnectRetries is 0).
+const unroutable = "127.0.0.1:1"
 
 // StartCluster starts an n-node JetStream cluster (n >= 2; use 3 for a
 // cluster that survives losing one node) on free ports of 127.0.0.1, each
@@ -284,13 +329,19 @@ type Cluster struct {
 // called from the goroutine running the test.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return StartClusterWith(t, n, ClusterConfig{})
+}
+
+// StartClusterWith is [StartCluster] with cfg.
+func StartClusterWith(t testing.TB, n int, cfg ClusterConfig) *Cluster {
+	t.Helper()
 	if n < 2 {
 		t.Fatalf("natsenv: StartCluster(%d): a cluster needs at least 2 nodes", n)
 	}
 	var err error
 	for range startAttempts {
 		var c *Cluster
-		if c, err = startCluster(t, n); err == nil {
+		if c, err = startCluster(t, n, cfg); err == nil {
 			return c
 		}
 	}
@@ -298,7 +349,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	return nil
 }
 
-func startCluster(t testing.TB, n int) (*Cluster, error) {
+func startCluster(t testing.TB, n int, cfg ClusterConfig) (*Cluster, error) {
 	id := seq.Add(1)
 	ports := make([]int, n)
 	routes := make([]string, n)
@@ -306,16 +357,41 @@ func startCluster(t testing.TB, n int) (*Cluster, error) {
 		ports[i] = testenv.FreePort(t)
 		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", ports[i])
 	}
-	c := &Cluster{}
+	c := &Cluster{isolated: map[int]bool{}}
+	if cfg.ProxyRoutes {
+		c.proxies = make([][]*testenv.Proxy, n)
+		for i := range n {
+			c.proxies[i] = make([]*testenv.Proxy, n)
+			for j := range n {
+				if i != j {
+					c.proxies[i][j] = testenv.NewProxy(t, fmt.Sprintf("127.0.0.1:%d", ports[j]))
+				}
+			}
+		}
+	}
 	for i := range n {
-		s := newServer(t, fmt.Sprintf("latchkey-%d-n%d", id, i), &server.ClusterOpts{
+		co := &server.ClusterOpts{
 			Name: fmt.Sprintf("latchkey-%d", id),
 			Host: "127.0.0.1",
 			Port: ports[i],
-		})
+		}
 		// Routes list every node, this one included (a route to itself is
 		// ignored): JetStream sizes its meta group from them.
-		s.opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+		rs := routes
+		if cfg.ProxyRoutes {
+			co.Advertise = unroutable
+			co.PoolSize = -1
+			rs = make([]string, n)
+			for j := range n {
+				if i == j {
+					rs[j] = routes[j]
+				} else {
+					rs[j] = "nats-route://" + c.proxies[i][j].Addr()
+				}
+			}
+		}
+		s := newServer(t, fmt.Sprintf("latchkey-%d-n%d", id, i), co)
+		s.opts.Routes = server.RoutesFromStr(strings.Join(rs, ","))
 		c.servers = append(c.servers, s)
 	}
 	for _, s := range c.servers {
@@ -329,10 +405,11 @@ func startCluster(t testing.TB, n int) (*Cluster, error) {
 		return nil, err
 	}
 	t.Cleanup(func() {
-		// Let nodes finish creating their streams first: a node shut down
-		// in the middle of it can leak the stream's store goroutines
-		// (nats-server 2.11), which goleak then reports.
-		_ = c.waitReadyWithin(quiesceTimeout)
+		// Heal a partition the test left, then let nodes finish creating
+		// their streams: a node shut down in the middle of it can leak
+		// the stream's store goroutines (nats-server 2.11), which goleak
+		// then reports.
+		_ = c.heal(quiesceTimeout)
 		c.shutdown()
 	})
 	return c, nil
@@ -391,10 +468,143 @@ func (c *Cluster) Restart(i int) error {
 	return c.waitReady()
 }
 
+// Isolate cuts node i off the other nodes, as a network partition would,
+// and returns at once. Its route connections stay open but carry nothing
+// in either direction, not even a close, and new ones get no answer (see
+// [testenv.Proxy.BlackHole]); its clients stay connected to it, and it
+// keeps running. The nodes find out as in a real partition, by missed
+// heartbeats: within seconds the others, if they are a majority, elect
+// JetStream leaders (the meta leader, each stream's) among themselves,
+// and node i, without a quorum, commits no JetStream write. Isolating
+// another node cuts it off too (from every other node, isolated or not);
+// isolating an isolated node does nothing. [Cluster.Restart] and
+// [Cluster.RestartAll] wait for every running node to be healthy,
+// isolated ones included: heal first.
+//
+// Isolate panics if the cluster was started without
+// [ClusterConfig.ProxyRoutes].
+func (c *Cluster) Isolate(i int) {
+	if c.proxies == nil {
+		panic("natsenv: Isolate needs a cluster started with ClusterConfig.ProxyRoutes")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.isolated[i] = true
+	for j := range c.servers {
+		if j != i {
+			c.proxies[i][j].BlackHole()
+			c.proxies[j][i].BlackHole()
+		}
+	}
+}
+
+// Heal ends every isolation. The route connections of the nodes that
+// were isolated are closed, as a partition that lasted leaves them broken,
+// and the nodes dial them again through the proxies (within about a
+// second). Heal returns once those routes are back and the cluster is
+// ready as after [StartCluster] (a meta leader sees every running node,
+// and each passes its health check: current with the meta leader, its
+// streams and consumers caught up), or an error if that takes more than
+// 30 seconds. Healing a cluster with no isolated node only waits for it to
+// be ready.
+//
+// A node cut off for longer than an election timeout (4 to 9 seconds in
+// nats-server 2.11) called elections alone, and comes back with a higher
+// Raft term: as nats-server's Raft has no pre-vote, the leaders it
+// meets step down and are elected again, which may briefly make streams
+// unavailable also just after Heal has returned.
+func (c *Cluster) Heal() error { return c.heal(clusterTimeout) }
+
+func (c *Cluster) heal(timeout time.Duration) error {
+	since := time.Now()
+	cut := c.reconnect()
+	return waitFor(timeout, func() error {
+		if err := c.routedSince(cut, since); err != nil {
+			return err
+		}
+		return c.ready()
+	})
+}
+
+// reconnect ends every isolation: it closes every connection through the
+// isolated nodes' proxies, then lets every proxy carry data again. It
+// returns the nodes that were isolated.
+func (c *Cluster) reconnect() map[int]bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cut := maps.Clone(c.isolated)
+	clear(c.isolated)
+	for i := range cut {
+		for j := range c.servers {
+			if j != i {
+				c.proxies[i][j].Cut()
+				c.proxies[j][i].Cut()
+			}
+		}
+	}
+	for _, ps := range c.proxies {
+		for _, p := range ps {
+			if p != nil {
+				p.Restore()
+			}
+		}
+	}
+	return cut
+}
+
+// routedSince returns nil once every running node has a route to every
+// other, and the routes of the nodes in cut were made after since (their
+// old ones, closed by reconnect, may linger a moment before their nodes
+// see the close).
+func (c *Cluster) routedSince(cut map[int]bool, since time.Time) error {
+	for i, s := range c.servers {
+		ns := s.server()
+		if ns == nil {
+			continue
+		}
+		rz, err := ns.Routez(nil)
+		if err != nil {
+			return fmt.Errorf("natsenv: %s: routes: %w", s.name, err)
+		}
+		for j, o := range c.servers {
+			if j == i || !o.Running() {
+				continue
+			}
+			fresh := !cut[i] && !cut[j]
+			found := false
+			for _, r := range rz.Routes {
+				if r.RemoteName == o.name {
+					found = true
+					fresh = fresh || r.Start.After(since)
+				}
+			}
+			switch {
+			case !found:
+				return fmt.Errorf("natsenv: %s has no route to %s", s.name, o.name)
+			case !fresh:
+				return fmt.Errorf("natsenv: %s's route to %s is from before the heal", s.name, o.name)
+			}
+		}
+	}
+	return nil
+}
+
+// Isolated reports whether node i is isolated by [Cluster.Isolate].
+func (c *Cluster) Isolated(i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.isolated[i]
+}
+
 // MetaLeader returns the index of the node that is the JetStream meta
-// leader, or -1 if no running node is.
+// leader, or -1 if no running node is. It ignores isolated nodes (see
+// [Cluster.Isolate]): one that led when it was cut off may believe it
+// still does for a while, without a quorum to lead.
 func (c *Cluster) MetaLeader() int {
 	for i, s := range c.servers {
+		if c.Isolated(i) {
+			continue
+		}
 		if ns := s.server(); ns != nil && ns.JetStreamIsLeader() {
 			return i
 		}
@@ -406,32 +616,34 @@ func (c *Cluster) MetaLeader() int {
 // sees all of them, and all of them are healthy.
 func (c *Cluster) waitReady() error { return c.waitReadyWithin(clusterTimeout) }
 
-func (c *Cluster) waitReadyWithin(timeout time.Duration) error {
-	return waitFor(timeout, func() error {
-		var running []*server.Server
-		for _, s := range c.servers {
-			if ns := s.server(); ns != nil {
-				running = append(running, ns)
-			}
+func (c *Cluster) waitReadyWithin(timeout time.Duration) error { return waitFor(timeout, c.ready) }
+
+// ready returns nil if a meta leader is elected among the running nodes,
+// it sees all of them, and all of them are healthy.
+func (c *Cluster) ready() error {
+	var running []*server.Server
+	for _, s := range c.servers {
+		if ns := s.server(); ns != nil {
+			running = append(running, ns)
 		}
-		i := c.MetaLeader()
-		if i < 0 {
-			return errors.New("natsenv: no JetStream meta leader")
+	}
+	i := c.MetaLeader()
+	if i < 0 {
+		return errors.New("natsenv: no JetStream meta leader")
+	}
+	leader := c.servers[i].server()
+	if leader == nil {
+		return errors.New("natsenv: meta leader stopped")
+	}
+	if peers := leader.JetStreamClusterPeers(); len(peers) != len(running) {
+		return fmt.Errorf("natsenv: meta leader %s sees %d of %d nodes", leader.Name(), len(peers), len(running))
+	}
+	for _, ns := range running {
+		if err := healthy(ns); err != nil {
+			return err
 		}
-		leader := c.servers[i].server()
-		if leader == nil {
-			return errors.New("natsenv: meta leader stopped")
-		}
-		if peers := leader.JetStreamClusterPeers(); len(peers) != len(running) {
-			return fmt.Errorf("natsenv: meta leader %s sees %d of %d nodes", leader.Name(), len(peers), len(running))
-		}
-		for _, ns := range running {
-			if err := healthy(ns); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // waitFor calls probe until it returns nil or timeout passes, and returns its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -172,6 +173,161 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+// TestClusterIsolate cuts the meta leader of a cluster with proxied routes
+// off the other nodes: they elect another without it and go on writing an
+// R3 bucket, while it commits nothing; healed, it catches up and takes
+// writes again. A route that bypassed the proxies would let it commit.
+func TestClusterIsolate(t *testing.T) {
+	leakCheck(t)
+	c := natsenv.StartClusterWith(t, 3, natsenv.ClusterConfig{ProxyRoutes: true})
+	js := connect(t, c.URLs())
+	kv, err := js.CreateKeyValue(testContext(t), jetstream.KeyValueConfig{Bucket: "part", Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(testContext(t), "k", []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+	x := c.MetaLeader()
+	if x < 0 {
+		t.Fatal("no meta leader after StartClusterWith")
+	}
+	var others []string
+	for i, s := range c.Servers() {
+		if i != x {
+			others = append(others, s.URL())
+		}
+	}
+	kvX := bucket(t, connectOnly(t, c.Servers()[x].URL()), "part")
+	kvO := bucket(t, connectOnly(t, strings.Join(others, ",")), "part")
+
+	c.Isolate(x)
+	isolated := time.Now()
+	if !c.Isolated(x) {
+		t.Fatalf("Isolated(%d) = false after Isolate", x)
+	}
+	// The others elect a meta leader among themselves (MetaLeader ignores
+	// the isolated node, which may still believe it leads).
+	eventually(t, 30*time.Second, func(context.Context) error {
+		if l := c.MetaLeader(); l < 0 {
+			return errors.New("no meta leader among the other nodes")
+		}
+		return nil
+	})
+	t.Logf("node %d isolated; node %d is meta leader after %v", x, c.MetaLeader(), time.Since(isolated).Round(time.Millisecond))
+	// The bucket goes on working on their side.
+	eventually(t, 30*time.Second, func(ctx context.Context) error {
+		if _, err := kvO.Put(ctx, "k", []byte("v2")); err != nil {
+			return err
+		}
+		return expect(ctx, kvO, "k", "v2")
+	})
+	// The isolated node commits nothing: not as the bucket's leader, for
+	// want of a quorum, nor as a follower, for want of a route to it.
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	_, err = kvX.Put(ctx, "k", []byte("from-x"))
+	cancel()
+	if err == nil {
+		t.Fatal("a write through the isolated node succeeded: the partition leaks")
+	}
+	t.Logf("write through the isolated node: %v", err)
+
+	if err := c.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Isolated(x) {
+		t.Errorf("Isolated(%d) = true after Heal", x)
+	}
+	if c.MetaLeader() < 0 {
+		t.Fatal("no meta leader after Heal")
+	}
+	// Healed, the node has the write it missed (its own was never
+	// committed), and takes writes again.
+	eventually(t, 30*time.Second, func(ctx context.Context) error { return expect(ctx, kvX, "k", "v2") })
+	eventually(t, 30*time.Second, func(ctx context.Context) error {
+		if _, err := kvX.Put(ctx, "k", []byte("v3")); err != nil {
+			return err
+		}
+		return expect(ctx, kvO, "k", "v3")
+	})
+}
+
+// TestOperator runs a server in operator mode: a user of the operator
+// connects with its credentials file and has JetStream; no credentials, or
+// another operator's, are refused, and neither secret of the file shows
+// in the errors.
+func TestOperator(t *testing.T) {
+	leakCheck(t)
+	op := natsenv.NewOperator(t)
+	s := natsenv.StartServerWith(t, natsenv.ServerConfig{Operator: op})
+	user := op.NewUser(t, "alice")
+	fi, err := os.Stat(user.File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perm := fi.Mode().Perm(); perm != 0o600 {
+		t.Errorf("credentials file mode %v, want 0600", perm)
+	}
+	file, err := os.ReadFile(user.File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(file), user.JWT) || !strings.Contains(string(file), user.Seed) || !strings.HasPrefix(user.Seed, "SU") {
+		t.Fatalf("credentials file does not hold the user's JWT and seed:\n%s", file)
+	}
+
+	nc, err := nats.Connect(s.URL(), nats.UserCredentials(user.File), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect with the user's credentials: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "op"})
+	if err != nil {
+		t.Fatalf("JetStream for the operator's user: %v", err)
+	}
+	if _, err := kv.Put(ctx, "k", []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := expect(ctx, kv, "k", "v1"); err != nil {
+		t.Fatal(err)
+	}
+
+	stranger := natsenv.NewOperator(t).NewUser(t, "mallory")
+	for _, tc := range []struct {
+		name string
+		opts []nats.Option
+	}{
+		{"no credentials", nil},
+		{"another operator's user", []nats.Option{nats.UserCredentials(stranger.File)}},
+	} {
+		nc, err := nats.Connect(s.URL(), append(tc.opts, nats.MaxReconnects(0))...)
+		if err == nil {
+			nc.Close()
+			t.Errorf("%s: connected", tc.name)
+			continue
+		}
+		if !errors.Is(err, nats.ErrAuthorization) {
+			t.Errorf("%s: %v, want an authorization violation", tc.name, err)
+		}
+		for _, secret := range []string{user.JWT, user.Seed, stranger.JWT, stranger.Seed} {
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("%s: the error shows a secret: %v", tc.name, err)
+			}
+		}
+	}
+
+	// Operator mode survives a restart, with the account's streams.
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func(ctx context.Context) error { return expect(ctx, kv, "k", "v1") })
+}
+
 // --- helpers ---
 
 // testContext bounds one step of a test that should succeed at once.
@@ -199,6 +355,36 @@ func connect(t *testing.T, urls string) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	return js
+}
+
+// connectOnly is connect to urls only: it ignores the other nodes' URLs
+// the servers announce.
+func connectOnly(t *testing.T, urls string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(urls,
+		nats.IgnoreDiscoveredServers(),
+		nats.ReconnectWait(50*time.Millisecond),
+		nats.MaxReconnects(-1),
+		nats.Timeout(2*time.Second),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func bucket(t *testing.T, js jetstream.JetStream, name string) jetstream.KeyValue {
+	t.Helper()
+	kv, err := js.KeyValue(testContext(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
 }
 
 func expect(ctx context.Context, kv jetstream.KeyValue, key, want string) error {
