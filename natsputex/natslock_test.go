@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -218,5 +219,90 @@ func TestNatslockBadInput(t *testing.T) {
 		if !strings.Contains(string(out), tc.want) {
 			t.Errorf("natslock %q said %q, want a message about the %s", tc.args, out, tc.want)
 		}
+	}
+}
+
+// TestNatslockHealthCheckState: the health-check command gets the node's
+// state as $1 and $NATSLOCK_STATE ("active" or "standby"); a failing check
+// of the active node stops its service and hands the key over at once;
+// SIGINT stops the service and blanks the key, as SIGTERM does.
+func TestNatslockHealthCheckState(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs natslock")
+	}
+	bin := buildNatslock(t)
+	url := natsenv.StartServer(t).URL()
+	bucket, key := uniqueBucket("natslockhc"), "spof-service"
+	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
+
+	type node struct {
+		p        *lockProc
+		seen     string // file the health check appends "$1 $NATSLOCK_STATE" to
+		failFile string // while it exists, the check fails when active
+	}
+	start := func(name string) node {
+		dir := t.TempDir()
+		n := node{seen: filepath.Join(dir, "seen"), failFile: filepath.Join(dir, "fail")}
+		check := fmt.Sprintf(`echo "$1 $NATSLOCK_STATE" >> %s; [ ! -e %s ] || [ "$1" = standby ]`, n.seen, n.failFile)
+		n.p = startNatslock(t, bin, url, bucket, key, name, "-healthcheck", check)
+		return n
+	}
+	states := func(n node) map[string]int {
+		b, _ := os.ReadFile(n.seen)
+		got := map[string]int{}
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if line != "" {
+				got[line]++
+			}
+		}
+		return got
+	}
+
+	a := start("node-a")
+	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return a.p.lastState() == "start" })
+	b := start("node-b")
+	waitFor(t, 10*time.Second, "node-b checks its health as a standby", func() bool { return states(b)["standby standby"] > 0 })
+	waitFor(t, 2*time.Second, "node-a checks its health as the active node", func() bool { return states(a)["active active"] > 0 })
+	for _, n := range []node{a, b} {
+		for line := range states(n) {
+			if line != "active active" && line != "standby standby" {
+				t.Errorf("%s's health check got %q, want $1 and $NATSLOCK_STATE both active or both standby", n.p.name, line)
+			}
+		}
+	}
+
+	if err := os.WriteFile(a.failFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	failed := time.Now()
+	waitFor(t, 2*time.Second, "node-a stops its service after its health check fails", func() bool { return a.p.lastState() == "stop" })
+	took := waitFor(t, 2*time.Second, "node-b takes the blanked key", func() bool { return b.p.lastState() == "start" })
+	t.Logf("node-b started %v after node-a's health check began to fail", time.Since(failed).Round(time.Millisecond))
+	if took > testF*testR {
+		t.Errorf("node-b took %v to start after node-a blanked the key: a blank key is taken at once, not after T", took)
+	}
+
+	_ = a.p.cmd.Process.Signal(syscall.SIGTERM) // so that nobody takes the key b blanks
+	<-a.p.done
+	_ = b.p.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-b.p.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("node-b did not exit after SIGINT")
+	}
+	if b.p.lastState() != "stop" {
+		t.Errorf("node-b's service state after SIGINT: %q, want stop", b.p.lastState())
+	}
+	nc, js, err := connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	kv, err := js.KeyValue(context.Background(), bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := kv.Get(context.Background(), key); err != nil || len(e.Value()) != 0 {
+		t.Errorf("after SIGINT of the active node the key should be blank: %v %v", e, err)
 	}
 }
