@@ -378,9 +378,9 @@ func (a *Admin) WaitReleased(ctx context.Context, name string, upTo int) error {
 	if _, err := try(ctx); err == nil || !errors.Is(err, locks.ErrNotAcquired) {
 		return err
 	}
-	wake, unsubscribe := a.c.wakes.subscribe(ctx, name)
+	sub, unsubscribe := a.c.wakes.subscribe(ctx, name)
 	defer unsubscribe()
-	_, err := locks.Wait(ctx, wake, a.opts.backoff, try)
+	_, err := locks.Wait(ctx, sub.c, a.opts.backoff, try)
 	if err != nil && ctx.Err() != nil && last != nil {
 		return fmt.Errorf("amqpsem: wait for %q: %w (%w)", name, err, last)
 	}

@@ -146,7 +146,7 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	c.verify = verifyInterval(o.verify, hb)
 	c.probes = &prober{c: c, sem: make(chan struct{}, 1)}
 	c.verifier = &prober{c: c, sem: make(chan struct{}, 1)}
-	c.wakes = &waker{c: c, subs: map[string]map[chan struct{}]struct{}{}, bound: map[string]bool{}}
+	c.wakes = newWaker(c)
 	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
 	c.wg.Add(1)
 	go c.watch(closes)
@@ -299,6 +299,18 @@ func (c *Client) connErr(err error) error {
 // connection silent for longer is going away with its queues), so that a
 // cancelled call leaves nothing held when it returns ctx's error.
 func (c *Client) call(ctx context.Context, fn func(ch *amqp.Channel) error, undo func()) error {
+	return c.run(ctx, func() error {
+		ch, err := c.channel()
+		if err == nil {
+			err = fn(ch)
+			c.putChannel(ch)
+		}
+		return err
+	}, undo)
+}
+
+// run is call without a pooled channel: fn takes what it needs.
+func (c *Client) run(ctx context.Context, fn func() error, undo func()) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -312,11 +324,7 @@ func (c *Client) call(ctx context.Context, fn func(ch *amqp.Channel) error, undo
 	undone := make(chan struct{})
 	ok := c.goTracked(func() {
 		defer close(undone)
-		ch, err := c.channel()
-		if err == nil {
-			err = fn(ch)
-			c.putChannel(ch)
-		}
+		err := fn()
 		mu.Lock()
 		finished, res = true, err
 		gone := abandoned
@@ -418,11 +426,14 @@ func (c *Client) declareExclusive(ctx context.Context, h *holding, args amqp.Tab
 // first one's channel broke.
 const freeAttempts = 3
 
-// free deletes h's queue, once, and wakes the waiters of its key. When the
-// connection is gone, the queue is gone with it (or will be soon) and free
-// reports no error. When the delete fails while the connection lives (its
-// channel was closed by the broker for an earlier error on it), the queue
-// is still there: free tries again on a fresh channel. Later calls return
+// free deletes h's queue, once, and wakes the waiters of its key: both in
+// one round trip when it can (see [waker.deleteAndWake]), else a delete
+// on a pooled channel, then the wake-up. When the connection is gone, the
+// queue is gone with it (or will be soon) and free reports no error. When
+// the delete fails while the connection lives (its channel was closed by
+// the broker for an earlier error on it), the queue is still there: free
+// tries again on a fresh channel. A ctx that has ended already does not
+// stop the delete: it runs as when ctx ends during it. Later calls return
 // the first one's result, waiting for it until their ctx ends.
 func (c *Client) free(ctx context.Context, h *holding) error {
 	h.mu.Lock()
@@ -438,12 +449,28 @@ func (c *Client) free(ctx context.Context, h *holding) error {
 		}
 	}
 	defer close(h.freed)
-	err := c.call(ctx, func(ch *amqp.Channel) error {
-		_, err := ch.QueueDelete(h.queue, false, false, false)
+	runCtx, cancel := ctx, context.CancelFunc(func() {})
+	if ctx.Err() != nil {
+		// ctx ended before the release: delete all the same, as when it
+		// ends during the delete, waiting for up to a heartbeat interval.
+		runCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), c.heartbeat)
+	}
+	defer cancel()
+	err := c.run(runCtx, func() error {
+		if c.wakes.deleteAndWake(h.wakeKey, h.queue) {
+			c.unreserve(h)
+			return nil
+		}
+		ch, err := c.channel()
+		if err != nil {
+			return err
+		}
+		err = deleteOwn(ch, h.queue)
+		c.putChannel(ch)
 		for try := 1; err != nil && !c.conn.IsClosed() && try < freeAttempts; try++ {
 			var fresh *amqp.Channel
 			if fresh, err = c.conn.Channel(); err == nil {
-				_, err = fresh.QueueDelete(h.queue, false, false, false)
+				err = deleteOwn(fresh, h.queue)
 				c.putChannel(fresh)
 			}
 		}
@@ -451,10 +478,13 @@ func (c *Client) free(ctx context.Context, h *holding) error {
 			c.unreserve(h)
 		}
 		if err == nil {
-			c.wakes.publish(h.wakeKey)
+			c.wakes.publish(h.wakeKey, h.queue)
 		}
 		return err
 	}, nil)
+	if err != nil && runCtx != ctx && runCtx.Err() != nil {
+		err = ctx.Err() // still deleting, in the background
+	}
 	if errors.Is(err, locks.ErrClosed) {
 		// Only when the connection is gone, and its exclusive queues
 		// with it.
@@ -465,6 +495,18 @@ func (c *Client) free(ctx context.Context, h *holding) error {
 		err = fmt.Errorf("amqpsem: delete queue %q: %w", h.queue, err)
 	}
 	h.err = err
+	return err
+}
+
+// deleteOwn deletes queue q, which this connection declared exclusive.
+// Deleting a missing queue succeeds; RESOURCE_LOCKED means that q is now
+// another connection's (ours was deleted already, by a delete whose
+// answer was lost with its channel), which is success too.
+func deleteOwn(ch *amqp.Channel, q string) error {
+	_, err := ch.QueueDelete(q, false, false, false)
+	if amqpCode(err) == amqp.ResourceLocked {
+		return nil
+	}
 	return err
 }
 

@@ -51,6 +51,18 @@
 // ([WithWakeExchange], amq.direct), which wakes waiting clients at once;
 // a crashed holder is noticed by polling with [locks.Backoff].
 //
+// Waiting [Mutex] Locks take turns. A waiting client consumes the shared
+// queue "amqpsem.wake.<name>" (non-exclusive, bound to the wake exchange,
+// deleted after a minute unused; names of more than 242 bytes use
+// "amqpsem.wake-sha256.<hex>"): do not give other queues such names. The
+// broker hands each release's wake-up to one waiting client, in turn,
+// which declares at once, instead of waking them all to race. A client
+// that releases a name another client waits for does not take it straight
+// back on its next Lock: it waits for its turn too. While turns work, a
+// poll that finds the queue free declares only if it is still free at
+// the next poll, so a crashed holder's mutex is taken over one back-off
+// delay later than it could be.
+//
 // No fencing tokens: Token is always 0 (RabbitMQ has no counter to build
 // one from). Not partition-safe on a RabbitMQ cluster: exclusive queues
 // live on one node, and a partition can let two connections on two sides

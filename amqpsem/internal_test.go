@@ -167,3 +167,80 @@ func TestVerifyNotStarvedByScans(t *testing.T) {
 		t.Fatalf("Verify while the prober is busy: %v", err)
 	}
 }
+
+// Each release wakes one waiting client, not all of them; a waiter that
+// leaves without using its wake-up passes it on.
+func TestTurnsWakeOne(t *testing.T) {
+	c, u, ctx := internalClient(t)
+	key := internalName(t)
+	var subs []*wakeSub
+	var leaves []func(bool)
+	for range 3 {
+		w, err := Dial(ctx, u, WithHeartbeat(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Close() })
+		sub, leave := w.wakes.takeTurns(ctx, key)
+		if !sub.turns {
+			t.Fatal("takeTurns fell back to fan-out")
+		}
+		subs, leaves = append(subs, sub), append(leaves, leave)
+	}
+	woken := func() (n, first int) {
+		first = -1
+		for i, s := range subs {
+			if s.pending.Load() {
+				n++
+				if first < 0 {
+					first = i
+				}
+			}
+		}
+		return n, first
+	}
+	settle := func(want int) int {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			n, first := woken()
+			if n >= want {
+				time.Sleep(300 * time.Millisecond) // any more?
+				if n, _ := woken(); n != want {
+					t.Fatalf("%d waiting clients woken, want %d", n, want)
+				}
+				return first
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d waiting clients woken after 5s, want %d", n, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	c.wakes.publish(key, "")
+	first := settle(1)
+	leaves[first](false) // leaves with its wake-up unused
+	settle(2)
+	for i, leave := range leaves {
+		if i != first {
+			leave(true)
+		}
+	}
+}
+
+func TestTurnQueueNames(t *testing.T) {
+	short := turnQueue("jobs")
+	if short != "amqpsem.wake.jobs" {
+		t.Errorf(`turnQueue("jobs") = %q`, short)
+	}
+	long := make([]byte, maxShortString)
+	for i := range long {
+		long[i] = 'x'
+	}
+	a, b := turnQueue(string(long)), turnQueue(string(long[1:]))
+	if len(a) > maxShortString || len(b) > maxShortString || a == b {
+		t.Errorf("long names: %q, %q", a, b)
+	}
+	if queueName(a) != nil || queueName(short) != nil {
+		t.Errorf("not legal queue names: %q, %q", a, short)
+	}
+}

@@ -64,26 +64,73 @@ func (m *Mutex) TryLock(ctx context.Context, name string) (locks.Lease, error) {
 	return l, nil
 }
 
-// Lock blocks until it holds name. A clean release by another client
-// wakes it at once (see [WithWakeExchange]); a crashed holder is noticed
-// by polling with the client's back-off, once the broker drops the dead
-// connection (see the package documentation). Each retry first checks
-// whether the queue exists, so that waiting does not break a channel per
-// attempt. On failure nothing is held; when ctx ends first, the error
-// matches ctx.Err().
+// Lock blocks until it holds name. Waiting Locks take turns: a clean
+// release wakes one waiting client at once (see [WithWakeExchange]),
+// which declares the queue without checking first (were the shared wake
+// queue unusable, every waiter wakes, and checks first). A crashed holder is
+// noticed by polling with the client's back-off, once the broker drops
+// the dead connection (see the package documentation); a poll first
+// checks whether the queue exists, so that polling breaks no channel, and
+// while wake-ups work, a queue found free is only declared when it is
+// still free at the next poll, so as not to race the waiter a release
+// woke. A Lock shortly after this client released name with others
+// waiting does not take it straight back: it waits for its turn too.
+// On failure nothing is held; when ctx ends first, the error matches
+// ctx.Err().
 func (m *Mutex) Lock(ctx context.Context, name string) (locks.Lease, error) {
-	l, err := m.try(ctx, name, false)
-	if err == nil {
-		return l, nil
-	}
-	if !errors.Is(err, locks.ErrNotAcquired) {
+	q, err := m.opts.layout.checkMutexName(name)
+	if err != nil {
 		return nil, err
 	}
-	wake, unsubscribe := m.c.wakes.subscribe(ctx, name)
-	defer unsubscribe()
-	l, err = locks.Wait(ctx, wake, m.opts.backoff, func(ctx context.Context) (*Lease, error) {
-		return m.try(ctx, name, true)
+	yield := m.c.wakes.waitedAtRelease(ctx, q, m.opts.backoff.Min)
+	if !yield {
+		l, err := m.try(ctx, name, false)
+		if err == nil {
+			return l, nil
+		}
+		if !errors.Is(err, locks.ErrNotAcquired) {
+			return nil, err
+		}
+	}
+	sub, leave := m.c.wakes.takeTurns(ctx, name)
+	freeSeen := false
+	l, err := locks.Wait(ctx, sub.c, m.opts.backoff, func(ctx context.Context) (*Lease, error) {
+		if yield {
+			// Let the woken waiters go first: sleep until a wake-up or
+			// the first back-off delay.
+			yield = false
+			return nil, &locks.HeldError{Name: name, Holder: "a client this one yields to"}
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err // a wake-up not used is passed on by leave
+		}
+		woken := sub.woken()
+		if !sub.turns {
+			// Fan-out wakes every waiter, or nothing does: check first.
+			return m.try(ctx, name, true)
+		}
+		if woken {
+			// A release handed this call its turn: the queue is most
+			// likely free, so declare it without checking first.
+			freeSeen = false
+			return m.try(ctx, name, false)
+		}
+		// Polling while waiters take turns: a free queue found without
+		// a wake-up is most likely being handed to the waiter the
+		// release woke. Declare only when it is still free at the next
+		// poll (its holder crashed, or the wake-up was lost).
+		held, err := m.held(ctx, q)
+		switch {
+		case err != nil:
+			return nil, err
+		case held || !freeSeen:
+			freeSeen = !held
+			return nil, &locks.HeldError{Name: name}
+		}
+		freeSeen = false
+		return m.try(ctx, name, false)
 	})
+	leave(err == nil)
 	if err != nil {
 		return nil, err
 	}
@@ -121,6 +168,19 @@ func (m *Mutex) try(ctx context.Context, name string, probeFirst bool) (*Lease, 
 		return nil, declareError("lock", name, q, err)
 	}
 	return c.newLease(ctx, name, 0, "", h, sent)
+}
+
+// held reports whether queue q exists, or is held or being declared by
+// this client.
+func (m *Mutex) held(ctx context.Context, q string) (bool, error) {
+	if m.c.reserved(q) {
+		return true, nil
+	}
+	got, _, err := m.c.probes.probe(ctx, q)
+	if err != nil {
+		return false, err
+	}
+	return got[0], nil
 }
 
 // declareError classifies the error of declaring exclusive queue q.

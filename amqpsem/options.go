@@ -216,9 +216,11 @@ func WithAscendingDelete(on bool) Option {
 
 // WithWakeExchange sets the exchange that releases publish to and waiters
 // bind to (with the semaphore or mutex name as routing key), so that a
-// clean release wakes waiting clients at once. It must be a direct
-// exchange that exists; "" disables wake-ups and waiters poll. The default
-// is "amq.direct", which every virtual host has.
+// clean release wakes waiting clients at once: for a mutex, one waiting
+// client, through the shared queue the package documentation describes.
+// It must be a direct exchange that exists; "" disables wake-ups and
+// waiters poll. The default is "amq.direct", which every virtual host
+// has.
 func WithWakeExchange(name string) Option {
 	return func(o *options) error {
 		o.wakeExchange = name

@@ -90,9 +90,9 @@ func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, erro
 	if !errors.Is(err, locks.ErrNotAcquired) {
 		return nil, err
 	}
-	wake, unsubscribe := s.c.wakes.subscribe(ctx, name)
+	sub, unsubscribe := s.c.wakes.subscribe(ctx, name)
 	defer unsubscribe()
-	l, err = locks.Wait(ctx, wake, s.opts.backoff, s.tryFunc(name))
+	l, err = locks.Wait(ctx, sub.c, s.opts.backoff, s.tryFunc(name))
 	if err != nil {
 		return nil, err
 	}

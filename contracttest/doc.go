@@ -1,7 +1,8 @@
 // Package contracttest is the conformance suite every latchkey backend
 // runs: mutual exclusion, fencing, TryLock and Lock semantics,
-// cancellation, release, liveness after a crash, loss and preemption
-// signals, semaphore limits, bad input and goroutine leaks, all against a
+// cancellation, release (also with a context already ended), closed
+// clients, liveness after a crash, loss and preemption signals, semaphore
+// limits and cancellation, bad input and goroutine leaks, all against a
 // real broker.
 //
 // A backend supplies a [Harness] through a [NewHarness] function and calls

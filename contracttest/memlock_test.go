@@ -25,13 +25,19 @@ type memClient struct {
 	c         *memlock.Client
 	locker    locks.Locker
 	semaphore func(size int) (locks.Semaphore, error)
+	close     func() error // when set, what Close does instead
 }
 
 func (c *memClient) Locker() locks.Locker { return c.locker }
 func (c *memClient) Semaphore(_ context.Context, size int) (locks.Semaphore, error) {
 	return c.semaphore(size)
 }
-func (c *memClient) Close() error { return c.c.Close() }
+func (c *memClient) Close() error {
+	if c.close != nil {
+		return c.close()
+	}
+	return c.c.Close()
+}
 
 func newMemHarness(ctx context.Context, t testing.TB) (Harness, error) {
 	const ttl = 300 * time.Millisecond

@@ -2,6 +2,7 @@ package contracttest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -93,7 +94,7 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 				})
 			}
 		},
-		caught: []string{"LossOnKill", "LossOnRevoke", "Release"},
+		caught: []string{"LossOnKill", "LossOnRevoke", "Release", "CloseEndsLeases"},
 	}, {
 		name: "release frees whoever holds the name",
 		breaks: func(h *memHarness) {
@@ -153,6 +154,130 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 			h.optionErrs = []error{nil, fmt.Errorf("some other error")}
 		},
 		caught: []string{"InvalidOptions"},
+	}, {
+		name: "Context returns a new context each call",
+		breaks: func(h *memHarness) {
+			h.breakClient = func(_ *memHarness, c *memClient) {
+				c.locker = mapLeases(c.locker, func(l locks.Lease) locks.Lease { return freshContextLease{l} })
+			}
+		},
+		caught: []string{"Release"},
+	}, {
+		name: "Release with an ended context does nothing",
+		breaks: func(h *memHarness) {
+			h.breakClient = func(_ *memHarness, c *memClient) {
+				c.locker = mapLeases(c.locker, func(l locks.Lease) locks.Lease {
+					return &leaseOverride{Lease: l, release: func(ctx context.Context) error {
+						if err := ctx.Err(); err != nil {
+							return err // the lease stays live and renewed
+						}
+						return l.Release(ctx)
+					}}
+				})
+			}
+		},
+		caught: []string{"ReleaseEndedContext"},
+	}, {
+		name: "Release with an ended context leaves the name held",
+		breaks: func(h *memHarness) {
+			h.breakClient = func(_ *memHarness, c *memClient) {
+				hidden := c.c.Locker()
+				c.locker = mapLeases(c.locker, func(l locks.Lease) locks.Lease {
+					return &leaseOverride{Lease: l, release: func(ctx context.Context) error {
+						err := l.Release(ctx)
+						if ctx.Err() != nil {
+							// Held, renewed, and never returned: as if the
+							// broker went on renewing the released lease.
+							_, _ = hidden.TryLock(context.Background(), l.Name())
+						}
+						return err
+					}}
+				})
+			}
+		},
+		caught: []string{"ReleaseEndedContext"},
+	}, {
+		name: "cancelled Acquire still takes a slot",
+		breaks: func(h *memHarness) {
+			h.breakClient = func(_ *memHarness, c *memClient) {
+				c.semaphore = func(n int) (locks.Semaphore, error) {
+					s, err := c.c.Semaphore(n)
+					if err != nil {
+						return nil, err
+					}
+					return semaphoreFunc{tryAcquire: s.TryAcquire, acquire: func(ctx context.Context, name string) (locks.Lease, error) {
+						if err := ctx.Err(); err != nil {
+							_, _ = s.TryAcquire(context.Background(), name) // held, and never returned
+							return nil, err
+						}
+						return s.Acquire(ctx, name)
+					}}, nil
+				}
+			}
+		},
+		caught: []string{"SemaphoreCancellation"},
+	}, {
+		name: "Acquire reports a deadline as not acquired",
+		breaks: func(h *memHarness) {
+			h.breakClient = func(_ *memHarness, c *memClient) {
+				c.semaphore = func(n int) (locks.Semaphore, error) {
+					s, err := c.c.Semaphore(n)
+					if err != nil {
+						return nil, err
+					}
+					return semaphoreFunc{tryAcquire: s.TryAcquire, acquire: func(ctx context.Context, name string) (locks.Lease, error) {
+						lease, err := s.Acquire(ctx, name)
+						if errors.Is(err, context.DeadlineExceeded) {
+							err = fmt.Errorf("acquire %q: %w", name, locks.ErrNotAcquired)
+						}
+						return lease, err
+					}}, nil
+				}
+			}
+		},
+		caught: []string{"SemaphoreCancellation"},
+	}, {
+		name: "closed Locker does not say ErrClosed",
+		breaks: func(h *memHarness) {
+			h.breakClient = func(_ *memHarness, c *memClient) {
+				c.locker = lockerFunc{lock: hideClosed(c.locker.Lock), tryLock: hideClosed(c.locker.TryLock)}
+			}
+		},
+		caught: []string{"Closed"},
+	}, {
+		name: "closed Semaphore does not say ErrClosed",
+		breaks: func(h *memHarness) {
+			h.breakClient = func(_ *memHarness, c *memClient) {
+				c.semaphore = func(n int) (locks.Semaphore, error) {
+					s, err := c.c.Semaphore(n)
+					if err != nil {
+						return nil, err
+					}
+					return semaphoreFunc{acquire: hideClosed(s.Acquire), tryAcquire: hideClosed(s.TryAcquire)}, nil
+				}
+			}
+		},
+		caught: []string{"Closed"},
+	}, {
+		name: "closing a client reports its leases released",
+		breaks: func(h *memHarness) {
+			h.breakClient = func(_ *memHarness, c *memClient) {
+				c.locker = mapLeases(c.locker, func(l locks.Lease) locks.Lease {
+					released, cancel := context.WithCancelCause(context.Background())
+					context.AfterFunc(l.Context(), func() { cancel(locks.ErrReleased) })
+					return &leaseOverride{Lease: l, ctx: released}
+				})
+			}
+		},
+		caught: []string{"CloseEndsLeases"},
+	}, {
+		name: "Close abandons leases instead of releasing them",
+		breaks: func(h *memHarness) {
+			h.ttl = 5 * time.Second
+			h.caps.CrashRecovery = 100 * time.Millisecond
+			h.breakClient = func(_ *memHarness, c *memClient) { c.close = c.c.Kill }
+		},
+		caught: []string{"CloseEndsLeases"},
 	}}
 	for _, tc := range cases {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
@@ -167,5 +292,40 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// semaphoreFunc builds a broken semaphore from a working one's calls.
+type semaphoreFunc struct {
+	acquire, tryAcquire func(context.Context, string) (locks.Lease, error)
+}
+
+func (s semaphoreFunc) Acquire(ctx context.Context, n string) (locks.Lease, error) {
+	return s.acquire(ctx, n)
+}
+
+func (s semaphoreFunc) TryAcquire(ctx context.Context, n string) (locks.Lease, error) {
+	return s.tryAcquire(ctx, n)
+}
+
+// freshContextLease returns a new (if equivalent) context on every call
+// of Context.
+type freshContextLease struct{ locks.Lease }
+
+func (l freshContextLease) Context() context.Context {
+	return &wrappedContext{l.Lease.Context()}
+}
+
+type wrappedContext struct{ context.Context }
+
+// hideClosed makes get's errors on a closed client stop matching
+// locks.ErrClosed, keeping their text.
+func hideClosed(get func(context.Context, string) (locks.Lease, error)) func(context.Context, string) (locks.Lease, error) {
+	return func(ctx context.Context, name string) (locks.Lease, error) {
+		lease, err := get(ctx, name)
+		if errors.Is(err, locks.ErrClosed) {
+			err = errors.New(err.Error())
+		}
+		return lease, err
 	}
 }

@@ -93,3 +93,86 @@ func testSemaphoreExclusion(t testing.TB, nh NewHarness) {
 		t.Errorf("at most %d of %d contenders held a slot at once; a semaphore of %d should admit more", h.Peak(), contenders, semSize)
 	}
 }
+
+// testSemaphoreCancellation: an Acquire whose context ends while every
+// slot is held returns ctx's error and holds nothing; so does an Acquire
+// with a context already cancelled, even with a slot free. Afterwards all
+// N slots can still be taken.
+func testSemaphoreCancellation(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	name := e.name()
+	var held []locks.Lease
+	for i := range semSize {
+		ctx, cancel := e.opCtx()
+		lease, err := e.semaphore(semSize).TryAcquire(ctx, name)
+		cancel()
+		if err != nil {
+			t.Fatalf("TryAcquire #%d of %d slots: %v", i+1, semSize, err)
+		}
+		held = append(held, lease)
+	}
+	waiter := e.semaphore(semSize)
+	for _, tc := range []struct {
+		want error
+		ctx  func() (context.Context, context.CancelFunc)
+	}{
+		{context.DeadlineExceeded, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(e.ctx, 150*time.Millisecond)
+		}},
+		{context.Canceled, func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(e.ctx)
+			time.AfterFunc(150*time.Millisecond, cancel)
+			return ctx, cancel
+		}},
+	} {
+		ctx, cancel := tc.ctx()
+		done := make(chan error, 1)
+		go func() {
+			lease, err := waiter.Acquire(ctx, name)
+			if err == nil {
+				_ = lease.Release(e.ctx)
+				err = errors.New("got a slot from Acquire while every slot was held")
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, tc.want) {
+				t.Errorf("Acquire with a context ending in %v returned %v; want an error matching it", tc.want, err)
+			}
+		case <-time.After(opTimeout):
+			t.Errorf("Acquire did not return within %v of its context ending (%v)", opTimeout, tc.want)
+		}
+		cancel()
+	}
+
+	e.mustRelease(held[0])
+	cancelled, cancel := context.WithCancel(e.ctx)
+	cancel()
+	if lease, err := waiter.Acquire(cancelled, name); !errors.Is(err, context.Canceled) {
+		if err == nil {
+			_ = lease.Release(e.ctx)
+		}
+		t.Errorf("Acquire with a cancelled context returned %v; want context.Canceled", err)
+	}
+	for _, lease := range held[1:] {
+		e.mustRelease(lease)
+	}
+
+	// Nothing of the cancelled calls may stay held: N slots are free.
+	held = held[:0]
+	for i := range semSize {
+		ctx, cancel := e.opCtx()
+		lease, err := e.semaphore(semSize).TryAcquire(ctx, name)
+		cancel()
+		if err != nil {
+			t.Errorf("after the cancelled Acquires and every release, TryAcquire #%d of %d slots: %v", i+1, semSize, err)
+			break
+		}
+		held = append(held, lease)
+	}
+	for _, lease := range held {
+		e.mustRelease(lease)
+	}
+}

@@ -44,6 +44,7 @@ var conformanceTests = []conformanceTest{
 	{"Cancellation", testCancellation},
 	{"CancellationRace", testCancellationRace},
 	{"Release", testRelease},
+	{"ReleaseEndedContext", testReleaseEndedContext},
 	{"StaleRelease", testStaleRelease},
 	{"CrashLiveness", testCrashLiveness},
 	{"LossOnKill", testLossOnKill},
@@ -54,6 +55,9 @@ var conformanceTests = []conformanceTest{
 	{"Preemption", testPreemption},
 	{"SemaphoreLimit", testSemaphoreLimit},
 	{"SemaphoreExclusion", testSemaphoreExclusion},
+	{"SemaphoreCancellation", testSemaphoreCancellation},
+	{"Closed", testClosed},
+	{"CloseEndsLeases", testCloseEndsLeases},
 	{"InvalidNames", testInvalidNames},
 	{"RandomNames", testRandomNames},
 	{"InvalidOptions", testInvalidOptions},
@@ -231,4 +235,16 @@ func waitEnded(lease locks.Lease, limit time.Duration) (time.Duration, error) {
 	case <-time.After(limit):
 		return 0, fmt.Errorf("lease %q still live after %v", lease.Name(), limit)
 	}
+}
+
+// sameContext reports whether a and b are one context (as [locks.Lease]'s
+// Context promises on every call), without panicking on a context type
+// that cannot be compared.
+func sameContext(a, b context.Context) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
 }
