@@ -33,8 +33,9 @@
 // data once per interval and gives up after two checks in a row found
 // none: between two and three intervals after the last frame it received.
 // So a holder cut off keeps its slot for up to three heartbeat intervals
-// (the negotiated interval, [Client.Heartbeat], at most what
-// [WithHeartbeat] asks for: 10s by default, so up to 30s), not two, plus
+// (the negotiated interval, [Client.Heartbeat]: what [WithHeartbeat]
+// asks for, 10s by default, so up to 30s, unless the broker lowers it or
+// a heartbeat in the URL replaces it), not two, plus
 // the moment it takes to delete its queues. On the holder's side, its
 // lease ends with [locks.ErrLost] when its connection closes, or when
 // no verification ([WithVerifyInterval]) has succeeded for one heartbeat

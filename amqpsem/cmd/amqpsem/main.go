@@ -56,8 +56,9 @@ Usage:
   amqpsem [flags] wait NAME              wait until holders of removed slots let go
   amqpsem [flags] acquire NAME -- CMD [ARG...]
                                          run CMD while holding a slot; the slot is
-                                         released when CMD exits or on SIGINT/SIGTERM
-                                         (forwarded to CMD); CMD gets AMQPSEM_SLOT
+                                         released when CMD exits; SIGINT/SIGTERM are
+                                         forwarded to CMD (the slot is held until it
+                                         exits); CMD gets AMQPSEM_SLOT
 
 Examples:
   amqpsem --url amqp://guest:guest@localhost:5672/ create builds 4
@@ -100,7 +101,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		layout     = fs.String("layout", "default", `queue layout: "default" (N-i-A, N-i-B) or "python" (N-A-i, N-B-i)`)
 		timeout    = fs.Duration("timeout", 0, "give up after this long (0: no limit); exit code 3")
 		try        = fs.Bool("try", false, "acquire: fail at once (exit code 3) when every slot is held")
-		heartbeat  = fs.Duration("heartbeat", 10*time.Second, "AMQP heartbeat: a holder cut off without a close keeps its slot for 2 to 3 of these")
+		heartbeat  = fs.Duration("heartbeat", 10*time.Second, "AMQP heartbeat asked for (a heartbeat in --url wins): a holder cut off without a close keeps its slot for 2 to 3 of these")
 		overshoot  = fs.Int("overshoot", 8, "admin changes first delete stray slot queues up to this far above the maximum")
 		ascending  = fs.Bool("ascending", false, `delete slot queues in ascending order ("Swiss cheese")`)
 		beyond     = fs.Int("beyond", 64, "status, wait: look this many slots above the maximum for holders of removed slots")
