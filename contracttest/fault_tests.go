@@ -80,9 +80,7 @@ func testPartitionedHolder(t testing.TB, nh NewHarness) {
 		t.Errorf("the partitioned holder's lease ended with %v, want ErrLost", cause)
 	}
 	t.Logf("a partitioned holder's lock came back after %v", time.Since(cut).Round(time.Millisecond))
-	if held.Token() != 0 && lease.Token() <= held.Token() {
-		t.Errorf("the successor's token %d is not above the partitioned holder's %d", lease.Token(), held.Token())
-	}
+	e.expectTokenAbove(lease, held, "the successor", "the partitioned holder")
 
 	link.Restore()
 	rctx, rcancel := e.opCtx()

@@ -166,9 +166,7 @@ func testLockWaitsForRelease(t testing.TB, nh NewHarness) {
 	e.mustRelease(held)
 	select {
 	case lease := <-got:
-		if held.Token() != 0 && lease.Token() <= held.Token() {
-			t.Errorf("the waiter's token %d is not above the released holder's %d", lease.Token(), held.Token())
-		}
+		e.expectTokenAbove(lease, held, "the waiter", "the released holder")
 		e.mustRelease(lease)
 	case err := <-errc:
 		t.Fatalf("waiting Lock(%q) after release: %v", name, err)
@@ -199,7 +197,21 @@ func testCancellation(t testing.TB, nh NewHarness) {
 	name := e.name()
 	a, b, c := e.locker(), e.locker(), e.locker()
 	held := e.mustTryLock(a, name)
+	lock := func(ctx context.Context) (locks.Lease, error) { return b.Lock(ctx, name) }
 
+	e.expectEndsWithContext("Lock", "got a lease from Lock while another client held the name", lock)
+	e.mustRelease(held)
+	e.expectCancelledFails("Lock", lock)
+	// Nothing of the cancelled calls may stay held.
+	e.mustRelease(e.mustTryLock(c, name))
+}
+
+// expectEndsWithContext checks that call, made while what it asks for is
+// held elsewhere, returns an error matching its context's once that context
+// ends: by its deadline, then by a cancel. op names the call in failures;
+// granted is the error reported when it returns a lease instead.
+func (e *env) expectEndsWithContext(op, granted string, call func(context.Context) (locks.Lease, error)) {
+	e.t.Helper()
 	for _, tc := range []struct {
 		want error
 		ctx  func() (context.Context, context.CancelFunc)
@@ -216,35 +228,38 @@ func testCancellation(t testing.TB, nh NewHarness) {
 		ctx, cancel := tc.ctx()
 		done := make(chan error, 1)
 		go func() {
-			lease, err := b.Lock(ctx, name)
+			lease, err := call(ctx)
 			if err == nil {
 				_ = lease.Release(e.ctx)
-				err = errors.New("got a lease from Lock while another client held the name")
+				err = errors.New(granted)
 			}
 			done <- err
 		}()
 		select {
 		case err := <-done:
 			if !errors.Is(err, tc.want) {
-				t.Errorf("Lock with a context ending in %v returned %v; want an error matching it", tc.want, err)
+				e.t.Errorf("%s with a context ending in %v returned %v; want an error matching it", op, tc.want, err)
 			}
 		case <-time.After(opTimeout):
-			t.Errorf("Lock did not return within %v of its context ending (%v)", opTimeout, tc.want)
+			e.t.Errorf("%s did not return within %v of its context ending (%v)", op, opTimeout, tc.want)
 		}
 		cancel()
 	}
+}
 
-	e.mustRelease(held)
+// expectCancelledFails checks that call with a context already cancelled
+// returns an error matching context.Canceled (and no lease), even with the
+// name free. op names the call in the failure.
+func (e *env) expectCancelledFails(op string, call func(context.Context) (locks.Lease, error)) {
+	e.t.Helper()
 	cancelled, cancel := context.WithCancel(e.ctx)
 	cancel()
-	if lease, err := b.Lock(cancelled, name); !errors.Is(err, context.Canceled) {
+	if lease, err := call(cancelled); !errors.Is(err, context.Canceled) {
 		if err == nil {
 			_ = lease.Release(e.ctx)
 		}
-		t.Errorf("Lock with a cancelled context returned %v; want context.Canceled", err)
+		e.t.Errorf("%s with a cancelled context returned %v; want context.Canceled", op, err)
 	}
-	// Nothing of the cancelled calls may stay held.
-	e.mustRelease(e.mustTryLock(c, name))
 }
 
 // testCancellationRace: contexts that end at random moments while the
@@ -364,9 +379,7 @@ func testReleaseEndedContext(t testing.TB, nh NewHarness) {
 	}
 	t.Logf("the name came back %v after Release with a cancelled context returned %v (stated CrashRecovery %v)",
 		took.Round(time.Millisecond), err, e.caps.CrashRecovery)
-	if lease.Token() != 0 && next.Token() <= lease.Token() {
-		t.Errorf("the next holder's token %d is not above the released holder's %d", next.Token(), lease.Token())
-	}
+	e.expectTokenAbove(next, lease, "the next holder", "the released holder")
 	if err2 := lease.Release(e.ctx); (err2 == nil) != (err == nil) {
 		t.Errorf("second Release = %v, first = %v; want the first's result (Release is idempotent)", err2, err)
 	}
@@ -380,11 +393,7 @@ func testReleaseEndedContext(t testing.TB, nh NewHarness) {
 func testClosed(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	c := e.client()
-	l := c.Locker()
-	if l == nil {
-		t.Skip("the backend has no Locker")
-	}
+	c, l := e.lockerClient()
 	var s locks.Semaphore
 	if e.caps.Semaphore {
 		var err error
@@ -435,11 +444,7 @@ func testClosed(t testing.TB, nh NewHarness) {
 func testCloseEndsLeases(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	c := e.client()
-	l := c.Locker()
-	if l == nil {
-		t.Skip("the backend has no Locker")
-	}
+	c, l := e.lockerClient()
 	type held struct {
 		what  string
 		lease locks.Lease
@@ -456,12 +461,7 @@ func testCloseEndsLeases(t testing.TB, nh NewHarness) {
 			t.Fatalf("Semaphore(1): %v", err)
 		}
 		semName := e.name()
-		ctx, cancel := e.opCtx()
-		lease, err := s.TryAcquire(ctx, semName)
-		cancel()
-		if err != nil {
-			t.Fatalf("TryAcquire of a free one-slot semaphore: %v", err)
-		}
+		lease := e.mustTryAcquire(s, semName, "of a free one-slot semaphore")
 		otherSem := e.semaphore(1)
 		leases = append(leases, held{"semaphore slot", lease, func(ctx context.Context) (locks.Lease, error) {
 			return otherSem.Acquire(ctx, semName)
@@ -531,11 +531,7 @@ func testCrashLiveness(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	holder := e.client()
-	hl := holder.Locker()
-	if hl == nil {
-		t.Skip("the backend has no Locker")
-	}
+	holder, hl := e.lockerClient()
 	held := e.mustTryLock(hl, name)
 	b := e.locker()
 	start := time.Now()
@@ -551,9 +547,7 @@ func testCrashLiveness(t testing.TB, nh NewHarness) {
 		t.Fatalf("after Kill(holder), Lock(%q) failed after %v (stated bound %v): %v", name, took.Round(time.Millisecond), e.caps.CrashRecovery, err)
 	}
 	t.Logf("a killed holder's lock came back after %v (stated bound %v)", took.Round(time.Millisecond), e.caps.CrashRecovery)
-	if held.Token() != 0 && lease.Token() <= held.Token() {
-		t.Errorf("the successor's token %d is not above the killed holder's %d", lease.Token(), held.Token())
-	}
+	e.expectTokenAbove(lease, held, "the successor", "the killed holder")
 	e.mustRelease(lease)
 }
 
@@ -562,11 +556,8 @@ func testCrashLiveness(t testing.TB, nh NewHarness) {
 func testLossOnKill(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	holder := e.client()
-	if holder.Locker() == nil {
-		t.Skip("the backend has no Locker")
-	}
-	lease := e.mustTryLock(holder.Locker(), e.name())
+	holder, hl := e.lockerClient()
+	lease := e.mustTryLock(hl, e.name())
 	if err := e.h.Kill(e.ctx, holder); err != nil {
 		t.Fatalf("Kill: %v", err)
 	}
@@ -641,9 +632,7 @@ func testPreemption(t testing.TB, nh NewHarness) {
 	if !errors.Is(cause, locks.ErrPreempted) || !errors.Is(cause, locks.ErrLost) {
 		t.Errorf("victim's cause = %v, want one matching both locks.ErrPreempted and locks.ErrLost", cause)
 	}
-	if victim.Token() != 0 && thief.Token() <= victim.Token() {
-		t.Errorf("the thief's token %d is not above the victim's %d", thief.Token(), victim.Token())
-	}
+	e.expectTokenAbove(thief, victim, "the thief", "the victim")
 	e.expectHeld(high2, name, "from an equal priority to the thief")
 	e.expectHeld(low2, name, "from a lower priority than the thief")
 	_ = victim.Release(e.ctx) // stale: must not free the thief

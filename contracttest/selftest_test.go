@@ -56,14 +56,7 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 		name: "cancelled Lock still takes the name",
 		breaks: func(h *memHarness) {
 			h.breakClient = func(_ *memHarness, c *memClient) {
-				inner := c.locker
-				c.locker = lockerFunc{tryLock: inner.TryLock, lock: func(ctx context.Context, name string) (locks.Lease, error) {
-					if err := ctx.Err(); err != nil {
-						_, _ = inner.TryLock(context.Background(), name) // held, and never returned
-						return nil, err
-					}
-					return inner.Lock(ctx, name)
-				}}
+				c.locker = lockerFunc{tryLock: c.locker.TryLock, lock: takesWhenCancelled(c.locker.TryLock, c.locker.Lock)}
 			}
 		},
 		caught: []string{"Cancellation"},
@@ -200,19 +193,9 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 		name: "cancelled Acquire still takes a slot",
 		breaks: func(h *memHarness) {
 			h.breakClient = func(_ *memHarness, c *memClient) {
-				c.semaphore = func(n int) (locks.Semaphore, error) {
-					s, err := c.c.Semaphore(n)
-					if err != nil {
-						return nil, err
-					}
-					return semaphoreFunc{tryAcquire: s.TryAcquire, acquire: func(ctx context.Context, name string) (locks.Lease, error) {
-						if err := ctx.Err(); err != nil {
-							_, _ = s.TryAcquire(context.Background(), name) // held, and never returned
-							return nil, err
-						}
-						return s.Acquire(ctx, name)
-					}}, nil
-				}
+				mapSemaphores(c, func(s locks.Semaphore) locks.Semaphore {
+					return semaphoreFunc{tryAcquire: s.TryAcquire, acquire: takesWhenCancelled(s.TryAcquire, s.Acquire)}
+				})
 			}
 		},
 		caught: []string{"SemaphoreCancellation"},
@@ -220,19 +203,15 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 		name: "Acquire reports a deadline as not acquired",
 		breaks: func(h *memHarness) {
 			h.breakClient = func(_ *memHarness, c *memClient) {
-				c.semaphore = func(n int) (locks.Semaphore, error) {
-					s, err := c.c.Semaphore(n)
-					if err != nil {
-						return nil, err
-					}
+				mapSemaphores(c, func(s locks.Semaphore) locks.Semaphore {
 					return semaphoreFunc{tryAcquire: s.TryAcquire, acquire: func(ctx context.Context, name string) (locks.Lease, error) {
 						lease, err := s.Acquire(ctx, name)
 						if errors.Is(err, context.DeadlineExceeded) {
 							err = fmt.Errorf("acquire %q: %w", name, locks.ErrNotAcquired)
 						}
 						return lease, err
-					}}, nil
-				}
+					}}
+				})
 			}
 		},
 		caught: []string{"SemaphoreCancellation"},
@@ -248,13 +227,9 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 		name: "closed Semaphore does not say ErrClosed",
 		breaks: func(h *memHarness) {
 			h.breakClient = func(_ *memHarness, c *memClient) {
-				c.semaphore = func(n int) (locks.Semaphore, error) {
-					s, err := c.c.Semaphore(n)
-					if err != nil {
-						return nil, err
-					}
-					return semaphoreFunc{acquire: hideClosed(s.Acquire), tryAcquire: hideClosed(s.TryAcquire)}, nil
-				}
+				mapSemaphores(c, func(s locks.Semaphore) locks.Semaphore {
+					return semaphoreFunc{acquire: hideClosed(s.Acquire), tryAcquire: hideClosed(s.TryAcquire)}
+				})
 			}
 		},
 		caught: []string{"Closed"},
@@ -306,6 +281,31 @@ func (s semaphoreFunc) Acquire(ctx context.Context, n string) (locks.Lease, erro
 
 func (s semaphoreFunc) TryAcquire(ctx context.Context, n string) (locks.Lease, error) {
 	return s.tryAcquire(ctx, n)
+}
+
+// mapSemaphores makes every semaphore c gives out the one f makes of
+// memlock's.
+func mapSemaphores(c *memClient, f func(locks.Semaphore) locks.Semaphore) {
+	c.semaphore = func(n int) (locks.Semaphore, error) {
+		s, err := c.c.Semaphore(n)
+		if err != nil {
+			return nil, err
+		}
+		return f(s), nil
+	}
+}
+
+// takesWhenCancelled returns get, broken: called with a context that has
+// already ended, it returns the context's error but takes the name with
+// try all the same, and never returns what it took.
+func takesWhenCancelled(try, get func(context.Context, string) (locks.Lease, error)) func(context.Context, string) (locks.Lease, error) {
+	return func(ctx context.Context, name string) (locks.Lease, error) {
+		if err := ctx.Err(); err != nil {
+			_, _ = try(context.Background(), name) // held, and never returned
+			return nil, err
+		}
+		return get(ctx, name)
+	}
 }
 
 // freshContextLease returns a new (if equivalent) context on every call

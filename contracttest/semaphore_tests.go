@@ -18,23 +18,15 @@ func testSemaphoreLimit(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	var held []locks.Lease
+	held := e.fillSemaphore(name)
 	slots := map[int]bool{}
-	for i := range semSize {
-		s := e.semaphore(semSize)
-		ctx, cancel := e.opCtx()
-		lease, err := s.TryAcquire(ctx, name)
-		cancel()
-		if err != nil {
-			t.Fatalf("TryAcquire #%d of %d slots: %v", i+1, semSize, err)
-		}
+	for _, lease := range held {
 		if sl, ok := lease.(locks.SlotLease); ok {
 			if n := sl.Slot(); n < 1 || n > semSize || slots[n] {
 				t.Errorf("slot %d: out of 1..%d or given twice", n, semSize)
 			}
 			slots[sl.Slot()] = true
 		}
-		held = append(held, lease)
 	}
 	extra := e.semaphore(semSize)
 	ctx, cancel := e.opCtx()
@@ -102,60 +94,13 @@ func testSemaphoreCancellation(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	var held []locks.Lease
-	for i := range semSize {
-		ctx, cancel := e.opCtx()
-		lease, err := e.semaphore(semSize).TryAcquire(ctx, name)
-		cancel()
-		if err != nil {
-			t.Fatalf("TryAcquire #%d of %d slots: %v", i+1, semSize, err)
-		}
-		held = append(held, lease)
-	}
+	held := e.fillSemaphore(name)
 	waiter := e.semaphore(semSize)
-	for _, tc := range []struct {
-		want error
-		ctx  func() (context.Context, context.CancelFunc)
-	}{
-		{context.DeadlineExceeded, func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(e.ctx, 150*time.Millisecond)
-		}},
-		{context.Canceled, func() (context.Context, context.CancelFunc) {
-			ctx, cancel := context.WithCancel(e.ctx)
-			time.AfterFunc(150*time.Millisecond, cancel)
-			return ctx, cancel
-		}},
-	} {
-		ctx, cancel := tc.ctx()
-		done := make(chan error, 1)
-		go func() {
-			lease, err := waiter.Acquire(ctx, name)
-			if err == nil {
-				_ = lease.Release(e.ctx)
-				err = errors.New("got a slot from Acquire while every slot was held")
-			}
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			if !errors.Is(err, tc.want) {
-				t.Errorf("Acquire with a context ending in %v returned %v; want an error matching it", tc.want, err)
-			}
-		case <-time.After(opTimeout):
-			t.Errorf("Acquire did not return within %v of its context ending (%v)", opTimeout, tc.want)
-		}
-		cancel()
-	}
+	acquire := func(ctx context.Context) (locks.Lease, error) { return waiter.Acquire(ctx, name) }
 
+	e.expectEndsWithContext("Acquire", "got a slot from Acquire while every slot was held", acquire)
 	e.mustRelease(held[0])
-	cancelled, cancel := context.WithCancel(e.ctx)
-	cancel()
-	if lease, err := waiter.Acquire(cancelled, name); !errors.Is(err, context.Canceled) {
-		if err == nil {
-			_ = lease.Release(e.ctx)
-		}
-		t.Errorf("Acquire with a cancelled context returned %v; want context.Canceled", err)
-	}
+	e.expectCancelledFails("Acquire", acquire)
 	for _, lease := range held[1:] {
 		e.mustRelease(lease)
 	}

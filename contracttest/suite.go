@@ -137,11 +137,21 @@ func (e *env) track(c Client) {
 
 func (e *env) locker() locks.Locker {
 	e.t.Helper()
-	l := e.client().Locker()
+	_, l := e.lockerClient()
+	return l
+}
+
+// lockerClient returns a new client and its Locker, for tests that also
+// close or kill the client; it skips the test when the backend has no
+// Locker.
+func (e *env) lockerClient() (Client, locks.Locker) {
+	e.t.Helper()
+	c := e.client()
+	l := c.Locker()
 	if l == nil {
 		e.t.Skip("the backend has no Locker")
 	}
-	return l
+	return c, l
 }
 
 func (e *env) semaphore(size int) locks.Semaphore {
@@ -197,6 +207,30 @@ func (e *env) mustTryLock(l locks.Locker, name string) locks.Lease {
 	return lease
 }
 
+// mustTryAcquire takes a slot of s that should be free; what says which
+// one in the failure.
+func (e *env) mustTryAcquire(s locks.Semaphore, name, what string) locks.Lease {
+	e.t.Helper()
+	ctx, cancel := e.opCtx()
+	defer cancel()
+	lease, err := s.TryAcquire(ctx, name)
+	if err != nil {
+		e.t.Fatalf("TryAcquire %s: %v", what, err)
+	}
+	return lease
+}
+
+// fillSemaphore takes every slot of the semaphore of semSize on name, each
+// with a client of its own, and returns the leases.
+func (e *env) fillSemaphore(name string) []locks.Lease {
+	e.t.Helper()
+	var held []locks.Lease
+	for i := range semSize {
+		held = append(held, e.mustTryAcquire(e.semaphore(semSize), name, fmt.Sprintf("#%d of %d slots", i+1, semSize)))
+	}
+	return held
+}
+
 func (e *env) mustRelease(lease locks.Lease) {
 	e.t.Helper()
 	ctx, cancel := e.opCtx()
@@ -218,6 +252,16 @@ func (e *env) expectHeld(l locks.Locker, name, why string) {
 	}
 	if !errors.Is(err, locks.ErrNotAcquired) {
 		e.t.Fatalf("TryLock(%q) %s: got %v, want an error matching locks.ErrNotAcquired", name, why, err)
+	}
+}
+
+// expectTokenAbove checks that next, a later holder of the name prev held,
+// has the larger fencing token, where prev has one (0 when the backend has
+// no fencing). nextWho and prevWho name the two in the failure.
+func (e *env) expectTokenAbove(next, prev locks.Lease, nextWho, prevWho string) {
+	e.t.Helper()
+	if prev.Token() != 0 && next.Token() <= prev.Token() {
+		e.t.Errorf("%s's token %d is not above %s's %d", nextWho, next.Token(), prevWho, prev.Token())
 	}
 }
 

@@ -33,24 +33,11 @@ func newTestClient(t *testing.T, urls, bucket string, opts ...natsputex.Option) 
 // nodes cuts it off the rest of the cluster.
 func newPinnedClient(t *testing.T, urls, bucket string, opts ...natsputex.Option) *natsputex.Client {
 	t.Helper()
-	nc, js, err := connectPinned(urls)
+	nc, js, err := connect(urls, nats.IgnoreDiscoveredServers())
 	if err != nil {
 		t.Fatal(err)
 	}
 	return newClientOn(t, nc, js, bucket, opts...)
-}
-
-func connectPinned(urls string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(urls, nats.IgnoreDiscoveredServers(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return nc, js, nil
 }
 
 // newClientOn makes a client with the suite's timing on nc, closing both at
@@ -542,18 +529,9 @@ func testPartition(t *testing.T, cluster *natsenv.Cluster, pc partitionCase) {
 // while it is avoid, and returns the leader's index in nodes.
 func bucketLeader(t *testing.T, urls, bucket string, nodes []*natsenv.Server, avoid int) int {
 	t.Helper()
-	nc, js, err := connectPinned(urls)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	leader, stepDowns := -1, 0
-	err = retryFor(30*time.Second, func(ctx context.Context) error {
-		info, err := bucketCluster(ctx, js, bucket)
-		if err != nil {
-			return err
-		}
-		if leader = nodeIndex(nodes, info.Leader); leader < 0 {
+	stepDowns := 0
+	return awaitBucketLeader(t, urls, bucket, nodes, func(ctx context.Context, nc *nats.Conn, info *jetstream.ClusterInfo, leader int) error {
+		if leader < 0 {
 			return fmt.Errorf("stream leader %q is no node", info.Leader)
 		}
 		if n := len(info.Replicas); n != len(nodes)-1 {
@@ -575,17 +553,28 @@ func bucketLeader(t *testing.T, urls, bucket string, nodes []*natsenv.Server, av
 		}
 		return fmt.Errorf("stream leader is %s: asked it to step down", info.Leader)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return leader
 }
 
 // newBucketLeader waits until the bucket's stream, seen through urls, has
 // a leader other than node old, and returns its index in nodes.
 func newBucketLeader(t *testing.T, urls, bucket string, nodes []*natsenv.Server, old int) int {
 	t.Helper()
-	nc, js, err := connectPinned(urls)
+	return awaitBucketLeader(t, urls, bucket, nodes, func(_ context.Context, _ *nats.Conn, info *jetstream.ClusterInfo, leader int) error {
+		if leader < 0 || leader == old {
+			return fmt.Errorf("stream leader: %q", info.Leader)
+		}
+		return nil
+	})
+}
+
+// awaitBucketLeader asks, through urls only, for the cluster information
+// of the bucket's stream until it has a leader and check, given it, the
+// connection and the leader's index in nodes (-1 if none), returns nil;
+// it fails t after 30s. It returns the leader's index.
+func awaitBucketLeader(t *testing.T, urls, bucket string, nodes []*natsenv.Server,
+	check func(ctx context.Context, nc *nats.Conn, info *jetstream.ClusterInfo, leader int) error) int {
+	t.Helper()
+	nc, js, err := connect(urls, nats.IgnoreDiscoveredServers())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -596,10 +585,8 @@ func newBucketLeader(t *testing.T, urls, bucket string, nodes []*natsenv.Server,
 		if err != nil {
 			return err
 		}
-		if leader = nodeIndex(nodes, info.Leader); leader < 0 || leader == old {
-			return fmt.Errorf("stream leader: %q", info.Leader)
-		}
-		return nil
+		leader = nodeIndex(nodes, info.Leader)
+		return check(ctx, nc, info, leader)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -660,15 +647,7 @@ func stepDown(ctx context.Context, nc *nats.Conn, stream string) error {
 // first one that succeeded began.
 func bucketWritable(t *testing.T, urls, bucket string) time.Time {
 	t.Helper()
-	nc, js, err := connectPinned(urls)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	kv, err := js.KeyValue(context.Background(), bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := mustBucket(t, urls, bucket, nats.IgnoreDiscoveredServers())
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		start := time.Now()
@@ -690,15 +669,7 @@ func bucketWritable(t *testing.T, urls, bucket string) time.Time {
 // sends the time of that read on the channel it returns.
 func watchTakeover(t *testing.T, urls, bucket, prefix string) <-chan time.Time {
 	t.Helper()
-	nc, js, err := connectPinned(urls)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(context.Background(), bucket)
-	if err != nil {
-		nc.Close()
-		t.Fatal(err)
-	}
+	kv := mustBucket(t, urls, bucket, nats.IgnoreDiscoveredServers())
 	ctx, cancel := context.WithCancel(context.Background())
 	taken := make(chan time.Time, 1)
 	done := make(chan struct{})
@@ -718,6 +689,6 @@ func watchTakeover(t *testing.T, urls, bucket, prefix string) <-chan time.Time {
 			}
 		}
 	}()
-	t.Cleanup(func() { cancel(); <-done; nc.Close() })
+	t.Cleanup(func() { cancel(); <-done }) // before mustBucket's close
 	return taken
 }

@@ -5,10 +5,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/latchkey-go/latchkey/contracttest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
@@ -31,13 +29,8 @@ func (h *harness) NewFaultyClient(ctx context.Context) (contracttest.Client, con
 	h.mu.Lock()
 	h.proxies = append(h.proxies, p)
 	h.mu.Unlock()
-	nc, err := nats.Connect("nats://"+p.Addr(), nats.IgnoreDiscoveredServers(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, js, err := connect("nats://"+p.Addr(), nats.IgnoreDiscoveredServers())
 	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
 		return nil, nil, err
 	}
 	c, err := natsputex.New(ctx, js, h.bucket, h.opts...)

@@ -33,6 +33,18 @@ func lockBehind(ctx context.Context, l locks.Locker, name string, other locks.Le
 	return ch
 }
 
+// mustGrant waits for a waiting Lock's grant, fails t if the Lock failed,
+// and releases the waiter's lease at cleanup.
+func mustGrant(t *testing.T, got <-chan grant) grant {
+	t.Helper()
+	g := <-got
+	if g.err != nil {
+		t.Fatalf("the waiter's Lock: %v", g.err)
+	}
+	t.Cleanup(func() { _ = g.lease.Release(context.Background()) })
+	return g
+}
+
 // TestHealthCheckFailureEndsLeaseFirst: a holder whose health check fails
 // ends its lease before it blanks the key. Its connection runs through a
 // proxy that, from the failure on, delays the blank (and its answer) by
@@ -63,11 +75,7 @@ func TestHealthCheckFailureEndsLeaseFirst(t *testing.T) {
 	got := lockBehind(ctx, waiter, "job", lease)
 	time.Sleep(2 * testR) // the waiter watches; the holder renews
 	fail.set()
-	g := <-got
-	if g.err != nil {
-		t.Fatalf("the waiter's Lock: %v", g.err)
-	}
-	defer g.lease.Release(context.Background())
+	g := mustGrant(t, got)
 	if g.otherLive {
 		t.Fatal("double grant: the waiter got the key while the unhealthy holder's lease was live")
 	}
@@ -116,11 +124,7 @@ func TestCutOffHolderStopsBeforeT(t *testing.T) {
 		t.Fatalf("the holder lost its lease before it was cut off: %v", context.Cause(lease.Context()))
 	}
 	proxy.BlackHole()
-	g := <-got
-	if g.err != nil {
-		t.Fatalf("the waiter's Lock: %v", g.err)
-	}
-	defer g.lease.Release(context.Background())
+	g := mustGrant(t, got)
 	if g.otherLive {
 		t.Fatal("double grant: the waiter took the key over while the cut-off holder's lease was live")
 	}

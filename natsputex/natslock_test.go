@@ -99,6 +99,29 @@ func startNatslock(t *testing.T, bin, url, bucket, key, name string, flags ...st
 	return p
 }
 
+// natslockEnv builds natslock and makes a bucket for it on an embedded
+// server; it skips the test with -short.
+func natslockEnv(t *testing.T, prefix string) (bin, url, bucket string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs natslock")
+	}
+	bin = buildNatslock(t)
+	url = natsenv.StartServer(t).URL()
+	bucket = uniqueBucket(prefix)
+	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
+	return bin, url, bucket
+}
+
+// expectBlank checks that key is blank, when says after what.
+func expectBlank(t *testing.T, url, bucket, key, when string) {
+	t.Helper()
+	kv := mustBucket(t, url, bucket)
+	if e, err := kv.Get(context.Background(), key); err != nil || len(e.Value()) != 0 {
+		t.Errorf("%s the key should be blank: %v %v", when, e, err)
+	}
+}
+
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -116,13 +139,8 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 // (its hold ran out, and its next write fails). SIGTERM stops the service
 // and blanks the key.
 func TestNatslockPaused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs natslock")
-	}
-	bin := buildNatslock(t)
-	url := natsenv.StartServer(t).URL()
-	bucket, key := uniqueBucket("natslock"), "spof-service"
-	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
+	bin, url, bucket := natslockEnv(t, "natslock")
+	const key = "spof-service"
 
 	a := startNatslock(t, bin, url, bucket, key, "node-a")
 	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return a.lastState() == "start" })
@@ -170,19 +188,7 @@ func TestNatslockPaused(t *testing.T) {
 	}
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
 	<-a.done
-	nc, js, err := connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	kv, err := js.KeyValue(context.Background(), bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := kv.Get(context.Background(), key)
-	if err != nil || len(e.Value()) != 0 {
-		t.Errorf("after SIGTERM of the last agent the key should be blank: %v %v", e, err)
-	}
+	expectBlank(t, url, bucket, key, "after SIGTERM of the last agent")
 }
 
 // TestNatslockBadInput: natslock checks every argument before it connects
@@ -227,13 +233,8 @@ func TestNatslockBadInput(t *testing.T) {
 // of the active node stops its service and hands the key over at once;
 // SIGINT stops the service and blanks the key, as SIGTERM does.
 func TestNatslockHealthCheckState(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs natslock")
-	}
-	bin := buildNatslock(t)
-	url := natsenv.StartServer(t).URL()
-	bucket, key := uniqueBucket("natslockhc"), "spof-service"
-	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
+	bin, url, bucket := natslockEnv(t, "natslockhc")
+	const key = "spof-service"
 
 	type node struct {
 		p        *lockProc
@@ -293,16 +294,5 @@ func TestNatslockHealthCheckState(t *testing.T) {
 	if b.p.lastState() != "stop" {
 		t.Errorf("node-b's service state after SIGINT: %q, want stop", b.p.lastState())
 	}
-	nc, js, err := connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	kv, err := js.KeyValue(context.Background(), bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e, err := kv.Get(context.Background(), key); err != nil || len(e.Value()) != 0 {
-		t.Errorf("after SIGINT of the active node the key should be blank: %v %v", e, err)
-	}
+	expectBlank(t, url, bucket, key, "after SIGINT of the active node")
 }

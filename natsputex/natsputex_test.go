@@ -65,8 +65,11 @@ func (c *client) Close() error {
 	return err
 }
 
-func connect(urls string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+// connect returns JetStream on a connection to urls that reconnects
+// quickly, with more options if given (nats.IgnoreDiscoveredServers pins
+// it to urls).
+func connect(urls string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(urls, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -76,6 +79,25 @@ func connect(urls string) (*nats.Conn, jetstream.JetStream, error) {
 		return nil, nil, err
 	}
 	return nc, js, nil
+}
+
+// mustBucket returns bucket's KeyValue on a connection of its own to urls
+// (made with opts, as connect), for a test to read or write the keys
+// behind the clients' backs; the connection is closed at cleanup.
+func mustBucket(t testing.TB, urls, bucket string, opts ...nats.Option) jetstream.KeyValue {
+	t.Helper()
+	nc, js, err := connect(urls, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
 }
 
 // prepareBucket creates bucket on urls before the suite runs.

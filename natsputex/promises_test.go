@@ -43,11 +43,7 @@ func TestWaiterWokenByWatch(t *testing.T) {
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	g := <-got
-	if g.err != nil {
-		t.Fatalf("the waiter's Lock: %v", g.err)
-	}
-	defer g.lease.Release(context.Background())
+	mustGrant(t, got)
 	took := time.Since(released)
 	t.Logf("the waiter held the key %v after the Release (backoff %v)", took.Round(time.Microsecond), slow.Min)
 	if took > time.Second {
@@ -68,15 +64,7 @@ func TestLossNoticedWithinR(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * testR)
-	nc, js, err := connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	kv, err := js.KeyValue(ctx, bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := mustBucket(t, url, bucket)
 	if err := kv.Delete(ctx, "job"); err != nil {
 		t.Fatal(err)
 	}
@@ -115,12 +103,8 @@ func TestTakeoverWaitsTPlusCR(t *testing.T) {
 	proxy.BlackHole() // the holder goes silent, without blanking the key
 	defer proxy.Restore()
 	start := time.Now()
-	g := <-lockBehind(ctx, waiter, "job", lease)
+	g := mustGrant(t, lockBehind(ctx, waiter, "job", lease))
 	took := time.Since(start)
-	if g.err != nil {
-		t.Fatalf("the waiter's Lock: %v", g.err)
-	}
-	defer g.lease.Release(context.Background())
 	T := holder.TTL()
 	least := T + testC*testR
 	t.Logf("took the silent holder's key over after %v (T + C·R = %v)", took.Round(time.Millisecond), least)

@@ -168,16 +168,8 @@ type writeTimes struct {
 
 func watchWrites(t *testing.T, url, bucket, key string) *writeTimes {
 	t.Helper()
-	nc, js, err := connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	kv, err := js.KeyValue(ctx, bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kw, err := kv.Watch(ctx, key)
+	kv := mustBucket(t, url, bucket)
+	kw, err := kv.Watch(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +185,7 @@ func watchWrites(t *testing.T, url, bucket, key string) *writeTimes {
 			}
 		}
 	}()
-	t.Cleanup(func() { _ = kw.Stop(); <-done; nc.Close() })
+	t.Cleanup(func() { _ = kw.Stop(); <-done }) // before mustBucket's close
 	return wt
 }
 
@@ -410,21 +402,8 @@ func TestSupervisorSlowStop(t *testing.T) {
 // since keeps it.
 func TestSupervisorShutdownSparesSuccessor(t *testing.T) {
 	url, bucket, key := supervisorEnv(t)
-	nc, js, err := connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	kv, err := js.KeyValue(context.Background(), bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := natsputex.New(context.Background(), js, bucket,
-		natsputex.WithRenewInterval(testR), natsputex.WithFailureThreshold(testF), natsputex.WithConfirmations(testC))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	kv := mustBucket(t, url, bucket)
+	c := newTestClient(t, url, bucket)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var succRev uint64

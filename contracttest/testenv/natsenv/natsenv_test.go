@@ -337,15 +337,15 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
-// connect returns JetStream on a connection to urls that reconnects quickly,
-// closed at cleanup.
-func connect(t *testing.T, urls string) jetstream.JetStream {
+// connect returns JetStream on a connection to urls that reconnects
+// quickly, with more options if given, closed at cleanup.
+func connect(t *testing.T, urls string, opts ...nats.Option) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(urls,
-		nats.ReconnectWait(50*time.Millisecond),
+	nc, err := nats.Connect(urls, append([]nats.Option{
+		nats.ReconnectWait(50 * time.Millisecond),
 		nats.MaxReconnects(-1),
-		nats.Timeout(2*time.Second),
-	)
+		nats.Timeout(2 * time.Second),
+	}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,21 +361,7 @@ func connect(t *testing.T, urls string) jetstream.JetStream {
 // the servers announce.
 func connectOnly(t *testing.T, urls string) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(urls,
-		nats.IgnoreDiscoveredServers(),
-		nats.ReconnectWait(50*time.Millisecond),
-		nats.MaxReconnects(-1),
-		nats.Timeout(2*time.Second),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return connect(t, urls, nats.IgnoreDiscoveredServers())
 }
 
 func bucket(t *testing.T, js jetstream.JetStream, name string) jetstream.KeyValue {
