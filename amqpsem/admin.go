@@ -219,7 +219,10 @@ func (a *Admin) Resize(ctx context.Context, name string, slots int) (Change, err
 // Destroy removes every slot of name, deleting A[C] down to A[1] (or up,
 // with [WithAscendingDelete]), and returns how many it removed. Holders
 // keep their slots until they let go, as with [Admin.Remove]. Destroying
-// a semaphore without slots does nothing.
+// a semaphore without slots does nothing. The shared wake queue of the
+// administration mutex, if Locks waited for it, is not deleted: the
+// broker deletes it a minute after its last waiter left (see the package
+// documentation).
 func (a *Admin) Destroy(ctx context.Context, name string) (int, error) {
 	ch, err := a.locked(ctx, "destroy", name, func(ctx context.Context, max int) (int, error) {
 		return a.removeSlots(ctx, name, max, 0)

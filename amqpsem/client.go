@@ -299,7 +299,7 @@ func (c *Client) connErr(err error) error {
 // connection silent for longer is going away with its queues), so that a
 // cancelled call leaves nothing held when it returns ctx's error.
 func (c *Client) call(ctx context.Context, fn func(ch *amqp.Channel) error, undo func()) error {
-	return c.run(ctx, func() error {
+	return c.run(ctx, c.heartbeat, func() error {
 		ch, err := c.channel()
 		if err == nil {
 			err = fn(ch)
@@ -309,8 +309,10 @@ func (c *Client) call(ctx context.Context, fn func(ch *amqp.Channel) error, undo
 	}, undo)
 }
 
-// run is call without a pooled channel: fn takes what it needs.
-func (c *Client) run(ctx context.Context, fn func() error, undo func()) error {
+// run is call without a pooled channel (fn takes what it needs), and
+// with grace instead of one heartbeat interval as the longest wait for fn
+// after ctx ends (0: no wait).
+func (c *Client) run(ctx context.Context, grace time.Duration, fn func() error, undo func()) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -348,12 +350,14 @@ func (c *Client) run(ctx context.Context, fn func() error, undo func()) error {
 		}
 		abandoned = true
 		mu.Unlock()
-		t := time.NewTimer(c.heartbeat)
-		select {
-		case <-undone:
-		case <-t.C:
+		if grace > 0 {
+			t := time.NewTimer(grace)
+			select {
+			case <-undone:
+			case <-t.C:
+			}
+			t.Stop()
 		}
-		t.Stop()
 		mu.Lock()
 		return ctx.Err()
 	}
@@ -432,8 +436,11 @@ const freeAttempts = 3
 // queue is gone with it (or will be soon) and free reports no error. When
 // the delete fails while the connection lives (its channel was closed by
 // the broker for an earlier error on it), the queue is still there: free
-// tries again on a fresh channel. A ctx that has ended already does not
-// stop the delete: it runs as when ctx ends during it. Later calls return
+// tries again on a fresh channel. When ctx ends during the delete, free
+// waits up to a heartbeat interval more (see [Client.call]), then returns
+// ctx's error while the delete goes on. A ctx that has ended already does
+// not stop the delete: free waits up to a heartbeat interval for it, and
+// returns ctx's error only if it is not done by then. Later calls return
 // the first one's result, waiting for it until their ctx ends.
 func (c *Client) free(ctx context.Context, h *holding) error {
 	h.mu.Lock()
@@ -449,14 +456,15 @@ func (c *Client) free(ctx context.Context, h *holding) error {
 		}
 	}
 	defer close(h.freed)
-	runCtx, cancel := ctx, context.CancelFunc(func() {})
+	runCtx, grace, cancel := ctx, c.heartbeat, context.CancelFunc(func() {})
 	if ctx.Err() != nil {
-		// ctx ended before the release: delete all the same, as when it
-		// ends during the delete, waiting for up to a heartbeat interval.
+		// ctx ended before the release: delete all the same, waiting for
+		// up to a heartbeat interval in all (no grace on top).
 		runCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), c.heartbeat)
+		grace = 0
 	}
 	defer cancel()
-	err := c.run(runCtx, func() error {
+	err := c.run(runCtx, grace, func() error {
 		if c.wakes.deleteAndWake(h.wakeKey, h.queue) {
 			c.unreserve(h)
 			return nil

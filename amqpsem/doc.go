@@ -54,8 +54,10 @@
 //
 // Waiting [Mutex] Locks take turns. A waiting client consumes the shared
 // queue "amqpsem.wake.<name>" (non-exclusive, bound to the wake exchange,
-// deleted after a minute unused; names of more than 242 bytes use
-// "amqpsem.wake-sha256.<hex>"): do not give other queues such names. The
+// deleted by the broker after a minute without consumers; names of more
+// than 242 bytes use "amqpsem.wake-sha256.<hex>"). Mutex and semaphore
+// names whose queue would start with these prefixes are refused with
+// [locks.ErrInvalidName]; do not give other queues such names. The
 // broker hands each release's wake-up to one waiting client, in turn,
 // which declares at once, instead of waking them all to race. A client
 // that releases a name another client waits for does not take it straight
@@ -63,6 +65,15 @@
 // poll that finds the queue free declares only if it is still free at
 // the next poll, so a crashed holder's mutex is taken over one back-off
 // delay later than it could be.
+//
+// So there is one such queue for every name some Lock waited for in the
+// last minute: a workload that contends for many distinct names keeps as
+// many queues, and each client declares and binds a name's queue when it
+// starts waiting for it, unless it used the queue in the last 30s.
+// [Admin.Destroy] leaves it to
+// expire. The broker user needs configure, read and write permission on
+// these names; without it, or when the queue cannot be declared, Locks
+// fall back to waking every waiter.
 //
 // No fencing tokens: Token is always 0 (RabbitMQ has no counter to build
 // one from). Not partition-safe on a RabbitMQ cluster: exclusive queues

@@ -126,6 +126,7 @@ func queueName(q string) error {
 var names = locks.NameRule{What: "amqpsem name", MaxLen: maxShortString}
 
 // checkMutexName validates a mutex name and returns its queue. The
+// queue must not look like a shared wake queue (see [turnQueue]), and the
 // layout's Check applies: a mutex on a name that ends like a slot or
 // holder queue would be that queue (for [DefaultLayout], a mutex on
 // "jobs-3-A" would create slot 3 of the semaphore jobs).
@@ -141,6 +142,12 @@ func (l Layout) checkMutexName(name string) (string, error) {
 	q := l.Mutex(name)
 	if err := queueName(q); err != nil {
 		return "", fmt.Errorf("%w %q: %w", locks.ErrInvalidName, name, err)
+	}
+	for _, p := range []string{turnPrefix, turnHashPrefix} {
+		if strings.HasPrefix(q, p) {
+			// It would be, or block, another name's shared wake queue.
+			return "", fmt.Errorf("%w %q: queue name %q starts with %q, which amqpsem reserves for its wake queues", locks.ErrInvalidName, name, q, p)
+		}
 	}
 	return q, nil
 }

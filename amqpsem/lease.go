@@ -102,10 +102,12 @@ func (l *Lease) Queue() string { return l.h.queue }
 
 // Release ends the lease with [locks.ErrReleased] and deletes its queue,
 // which frees the slot and wakes waiting clients. It is idempotent; see
-// [locks.Lease.Release]. If ctx ends first, the delete goes on in the
-// background and the error matches ctx.Err(). A ctx that has ended
-// already does not stop the delete either: Release waits up to a
-// heartbeat interval for it, then returns as if ctx had ended during it.
+// [locks.Lease.Release]. If ctx ends during the delete, Release waits up
+// to a heartbeat interval more for it, then returns an error matching
+// ctx.Err() while the delete goes on in the background. A ctx that has
+// ended already does not stop the delete either: Release waits up to a
+// heartbeat interval for it, returning nil if it is done by then, else an
+// error matching ctx.Err() while it goes on.
 func (l *Lease) Release(ctx context.Context) error { return l.base.Release(ctx) }
 
 // Verify checks at the broker, now, that the lease still holds its slot:

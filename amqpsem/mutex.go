@@ -64,19 +64,22 @@ func (m *Mutex) TryLock(ctx context.Context, name string) (locks.Lease, error) {
 	return l, nil
 }
 
-// Lock blocks until it holds name. Waiting Locks take turns: a clean
-// release wakes one waiting client at once (see [WithWakeExchange]),
-// which declares the queue without checking first (were the shared wake
-// queue unusable, every waiter wakes, and checks first). A crashed holder is
-// noticed by polling with the client's back-off, once the broker drops
-// the dead connection (see the package documentation); a poll first
-// checks whether the queue exists, so that polling breaks no channel, and
-// while wake-ups work, a queue found free is only declared when it is
-// still free at the next poll, so as not to race the waiter a release
-// woke. A Lock shortly after this client released name with others
-// waiting does not take it straight back: it waits for its turn too.
-// On failure nothing is held; when ctx ends first, the error matches
-// ctx.Err().
+// Lock blocks until it holds name. Invalid names return an error
+// matching [locks.ErrInvalidName] before any I/O. On failure nothing is
+// held; when ctx ends first, the error matches ctx.Err().
+//
+// Waiting Locks take turns: a clean release wakes one waiting client at
+// once (see [WithWakeExchange]), which declares the queue without
+// checking first; were the shared wake queue unusable, every waiter
+// wakes, and checks first. A Lock within 100ms of this client releasing
+// name while others waited does not take it straight back: it waits for
+// its turn too. A crashed holder is noticed by polling with the client's
+// back-off, once the broker drops the dead connection (see the package
+// documentation). A poll checks whether the queue exists, so that
+// polling breaks no channel; while wake-ups work, a queue found free is
+// only declared when it is still free at the next poll, so as not to
+// race the waiter a release woke: a lost wake-up costs up to two
+// back-off delays.
 func (m *Mutex) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	q, err := m.opts.layout.checkMutexName(name)
 	if err != nil {
@@ -113,7 +116,13 @@ func (m *Mutex) Lock(ctx context.Context, name string) (locks.Lease, error) {
 			// A release handed this call its turn: the queue is most
 			// likely free, so declare it without checking first.
 			freeSeen = false
-			return m.try(ctx, name, false)
+			l, err := m.try(ctx, name, false)
+			if err != nil && !errors.Is(err, locks.ErrNotAcquired) {
+				// Not used (ctx ended, the channel broke...): leave
+				// passes it on, or the other waiters would poll.
+				sub.pending.Store(true)
+			}
+			return l, err
 		}
 		// Polling while waiters take turns: a free queue found without
 		// a wake-up is most likely being handed to the waiter the

@@ -1,6 +1,7 @@
 package amqpsem_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -147,5 +148,21 @@ func TestMutexTakesTurns(t *testing.T) {
 	// now and then (a wake-up lost, a confirm slower than the back-off).
 	if same > n/4 {
 		t.Errorf("%d of %d acquisitions went to the client that had just released it; want another client's turn", same, n)
+	}
+}
+
+// Names whose queue would be a shared wake queue are refused before any
+// I/O: such a mutex would block another name's turns, and be reported
+// held while nobody holds it.
+func TestWakeQueueNamesRefused(t *testing.T) {
+	for _, name := range []string{"amqpsem.wake.jobs", "amqpsem.wake-sha256.00"} {
+		for _, l := range []amqpsem.Layout{amqpsem.DefaultLayout, amqpsem.PythonLayout} {
+			if err := l.CheckName(name); !errors.Is(err, locks.ErrInvalidName) {
+				t.Errorf("CheckName(%q) = %v, want ErrInvalidName", name, err)
+			}
+		}
+	}
+	if err := amqpsem.DefaultLayout.CheckName("amqpsem.wakeful"); err != nil {
+		t.Errorf(`CheckName("amqpsem.wakeful") = %v, want nil`, err)
 	}
 }

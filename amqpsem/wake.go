@@ -44,35 +44,48 @@ type waker struct {
 	subs   map[string]map[*wakeSub]struct{} // key -> fan-out waiters
 	bound  map[string]bool                  // keys bound at the broker
 
-	tch       *amqp.Channel         // consumes the shared wake queues
-	turns     map[string][]*wakeSub // key -> waiters taking turns, oldest first
-	takers    map[string]string     // key -> consumer tag of its shared wake queue
-	ntaker    uint64                // consumer tags
-	noTurns   map[string]bool       // keys whose shared wake queue failed: fan-out
-	used      map[string]time.Time  // key -> when this client last used its shared wake queue
-	usedSweep int                   // len(used) that triggers a sweep
+	turnCh      *amqp.Channel         // consumes the shared wake queues
+	turns       map[string][]*wakeSub // key -> waiters taking turns, oldest first
+	turnTags    map[string]string     // key -> tag of the consumer of its shared wake queue on turnCh
+	lastTag     uint64                // numbers the consumer tags
+	noTurns     map[string]bool       // keys whose shared wake queue failed: fan-out
+	used        map[string]time.Time  // key -> when this client last consumed from or cancelled on its shared wake queue
+	usedSweepAt int                   // see sweep
 
 	pubMu sync.Mutex
 	pub   *pubChannel // releases publish here; see send
 
-	relMu    sync.Mutex
-	releases map[string]*release // queue -> its last release, until a Lock asks
-	sweepAt  int                 // len(releases) that triggers a sweep
+	relMu           sync.Mutex
+	releases        map[string]*release // queue -> its last release, until a Lock asks
+	releasesSweepAt int                 // see sweep
 }
 
 func newWaker(c *Client) *waker {
 	return &waker{
-		c:         c,
-		subs:      map[string]map[*wakeSub]struct{}{},
-		bound:     map[string]bool{},
-		turns:     map[string][]*wakeSub{},
-		takers:    map[string]string{},
-		noTurns:   map[string]bool{},
-		used:      map[string]time.Time{},
-		usedSweep: 64,
-		releases:  map[string]*release{},
-		sweepAt:   64,
+		c:        c,
+		subs:     map[string]map[*wakeSub]struct{}{},
+		bound:    map[string]bool{},
+		turns:    map[string][]*wakeSub{},
+		turnTags: map[string]string{},
+		noTurns:  map[string]bool{},
+		used:     map[string]time.Time{},
+		releases: map[string]*release{},
 	}
+}
+
+// sweep deletes the entries of m that are stale, once m has *at entries
+// or more, and sets *at to twice what is left (at least 64): it keeps a
+// map of recent events small, at a constant amortized cost per entry.
+func sweep[V any](m map[string]V, at *int, stale func(V) bool) {
+	if len(m) < *at {
+		return
+	}
+	for k, v := range m {
+		if stale(v) {
+			delete(m, k)
+		}
+	}
+	*at = max(64, 2*len(m))
 }
 
 // wakeSub is one waiting call's subscription. c is nil when wake-ups are
@@ -281,19 +294,11 @@ func (w *waker) confirmLoop(pc *pubChannel, confirms <-chan amqp.Confirmation, r
 	}
 }
 
-// remember records rel as queue's last release, dropping old records now
-// and then. w.relMu is held.
+// remember records rel as queue's last release, dropping records older
+// than the yield window now and then. w.relMu is held.
 func (w *waker) remember(queue string, rel *release) {
 	w.releases[queue] = rel
-	if len(w.releases) < w.sweepAt {
-		return
-	}
-	for q, r := range w.releases {
-		if rel.at.Sub(r.at) > yieldWindow {
-			delete(w.releases, q)
-		}
-	}
-	w.sweepAt = max(64, 2*len(w.releases))
+	sweep(w.releases, &w.releasesSweepAt, func(r *release) bool { return rel.at.Sub(r.at) > yieldWindow })
 }
 
 // waitedAtRelease reports whether this client released queue within the
@@ -332,16 +337,23 @@ func (w *waker) waitedAtRelease(ctx context.Context, queue string, limit time.Du
 // second, and a queue goes away after a minute without consumers.
 var turnArgs = amqp.Table{"x-max-length": int32(1), "x-message-ttl": int32(1000), "x-expires": int32(60000)}
 
-// turnQueue returns the name of key's shared wake queue:
-// "amqpsem.wake." + key, or, when that is too long for a queue name,
-// "amqpsem.wake-sha256." + the key's SHA-256 in hex.
+// The prefixes of the shared wake queues' names. No mutex or semaphore
+// may use them (see [Layout.checkMutexName]): its queue would be some
+// name's shared wake queue.
+const (
+	turnPrefix     = "amqpsem.wake."
+	turnHashPrefix = "amqpsem.wake-sha256."
+)
+
+// turnQueue returns the name of key's shared wake queue: turnPrefix +
+// key, or, when that is too long for a queue name, turnHashPrefix + the
+// key's SHA-256 in hex.
 func turnQueue(key string) string {
-	const prefix = "amqpsem.wake."
-	if len(prefix)+len(key) <= maxShortString {
-		return prefix + key
+	if len(turnPrefix)+len(key) <= maxShortString {
+		return turnPrefix + key
 	}
 	sum := sha256.Sum256([]byte(key))
-	return "amqpsem.wake-sha256." + hex.EncodeToString(sum[:])
+	return turnHashPrefix + hex.EncodeToString(sum[:])
 }
 
 // turnTrust is how long after this client last consumed from or
@@ -361,10 +373,10 @@ func (w *waker) takeTurns(ctx context.Context, key string) (*wakeSub, func(acqui
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.tch != nil && w.tch.IsClosed() {
-		clear(w.takers) // consumers of a closed channel, ending
+	if w.turnCh != nil && w.turnCh.IsClosed() {
+		clear(w.turnTags) // consumers of a closed channel, ending
 	}
-	if w.takers[key] == "" {
+	if w.turnTags[key] == "" {
 		if w.noTurns[key] || w.consumeTurns(ctx, key) != nil {
 			sub, stop := w.fanOut(ctx, key)
 			return sub, func(bool) { stop() }
@@ -377,9 +389,10 @@ func (w *waker) takeTurns(ctx context.Context, key string) (*wakeSub, func(acqui
 
 // consumeTurns starts consuming key's shared wake queue. Unless this
 // client used the queue recently, it first declares and binds it, on a
-// pooled channel, so that a failure (the name taken by another kind of
-// queue, the wake exchange missing) breaks only that channel; such a key
-// then uses fan-out for the client's lifetime. w.mu is held.
+// pooled channel, so that a failure breaks only that channel. A key whose
+// queue the broker refuses (the name taken by another kind of queue, the
+// wake exchange missing, no permission) uses fan-out for the client's
+// lifetime. w.mu is held.
 func (w *waker) consumeTurns(ctx context.Context, key string) error {
 	q := turnQueue(key)
 	if err := ctx.Err(); err != nil {
@@ -402,44 +415,44 @@ func (w *waker) consumeTurns(ctx context.Context, key string) error {
 			return err
 		}
 	}
-	if w.tch == nil || w.tch.IsClosed() {
+	if w.turnCh == nil || w.turnCh.IsClosed() {
 		ch, err := w.c.conn.Channel()
 		if err != nil {
 			return err
 		}
-		w.tch = ch
+		w.turnCh = ch
 	}
-	w.ntaker++
-	tag := "amqpsem-wake-" + strconv.FormatUint(w.ntaker, 10)
-	deliveries, err := w.tch.Consume(q, tag, false, false, false, false, nil)
+	w.lastTag++
+	tag := "amqpsem-wake-" + strconv.FormatUint(w.lastTag, 10)
+	deliveries, err := w.turnCh.Consume(q, tag, false, false, false, false, nil)
 	if err != nil {
-		// The queue was deleted by hand since this client last used it
-		// (NOT_FOUND): declare it next time.
-		delete(w.used, key)
+		// An AMQP error closes turnCh, ending the other keys' consumers
+		// on it too: they consume again at their next waiting Lock.
+		switch code := amqpCode(err); {
+		case code == amqp.NotFound:
+			// The queue was deleted by hand since this client last used
+			// it: declare it next time.
+			delete(w.used, key)
+		case code != 0:
+			w.noTurns[key] = true // ACCESS_REFUSED...
+		}
 		return err
 	}
-	w.takers[key] = tag
-	w.use(key)
+	w.turnTags[key] = tag
+	w.markUsed(key)
 	if !w.c.goTracked(func() { w.passTurns(key, tag, deliveries) }) {
 		return w.c.errClosed()
 	}
 	return nil
 }
 
-// use records that this client used key's shared wake queue now,
-// dropping old records now and then. w.mu is held.
-func (w *waker) use(key string) {
+// markUsed records that this client used key's shared wake queue now
+// (see [turnTrust]), dropping records older than turnTrust now and then.
+// w.mu is held.
+func (w *waker) markUsed(key string) {
 	now := time.Now()
 	w.used[key] = now
-	if len(w.used) < w.usedSweep {
-		return
-	}
-	for k, t := range w.used {
-		if now.Sub(t) >= turnTrust {
-			delete(w.used, k)
-		}
-	}
-	w.usedSweep = max(64, 2*len(w.used))
+	sweep(w.used, &w.usedSweepAt, func(t time.Time) bool { return now.Sub(t) >= turnTrust })
 }
 
 // turnRetry is how long a client whose waiting calls all hold an unused
@@ -475,8 +488,8 @@ func (w *waker) passTurns(key, tag string, deliveries <-chan amqp.Delivery) {
 		_ = d.Nack(false, true)
 	}
 	w.mu.Lock()
-	if w.takers[key] == tag {
-		delete(w.takers, key) // the channel closed: consume again next time
+	if w.turnTags[key] == tag {
+		delete(w.turnTags, key) // the channel closed: consume again next time
 	}
 	w.mu.Unlock()
 }
@@ -516,13 +529,13 @@ func (w *waker) leave(key string, sub *wakeSub, acquired bool) {
 	w.c.goTracked(func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		tag := w.takers[key]
+		tag := w.turnTags[key]
 		if tag == "" || len(w.turns[key]) > 0 {
 			return
 		}
-		delete(w.takers, key)
-		if w.tch.Cancel(tag, false) == nil {
-			w.use(key)
+		delete(w.turnTags, key)
+		if w.turnCh.Cancel(tag, false) == nil {
+			w.markUsed(key)
 		}
 	})
 }

@@ -27,7 +27,8 @@ const (
 	LateLossSignal Defect = "late-loss-signal"
 
 	// OverrunsContext makes Lock and TryLock ignore their context's
-	// deadline: they retry failures (but ErrClosed) until [overrun] past it.
+	// deadline: they retry failures until [overrun] past it (on ErrClosed
+	// they stop, but still return late when already past the deadline).
 	// AmbiguousAcquire must catch it.
 	OverrunsContext Defect = "overruns-context"
 )
@@ -63,7 +64,15 @@ func (d Defect) apply(l locks.Locker) locks.Locker {
 				defer cancel()
 				for {
 					lease, err := get(ctx, name)
-					if err == nil || ctx.Err() != nil || errors.Is(err, locks.ErrClosed) {
+					if err == nil || ctx.Err() != nil {
+						return lease, err
+					}
+					if errors.Is(err, locks.ErrClosed) {
+						// No retry can succeed; a call already past its
+						// deadline still returns late.
+						if time.Now().After(d) {
+							<-ctx.Done()
+						}
 						return lease, err
 					}
 					time.Sleep(10 * time.Millisecond)
