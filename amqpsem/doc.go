@@ -94,8 +94,9 @@
 //     most 255 bytes for every slot up to [MaxSlots], not starting with
 //     the reserved "amq.", and, for the default layout, not ending like a
 //     slot or holder queue of another semaphore.
-//   - Every queue is declared with x-max-length 0 and probes expire at
-//     once, so probe messages never pile up.
+//   - Every slot and holder queue is declared with x-max-length 0 and
+//     probes expire at once, so probe messages never pile up (the shared
+//     wake queues hold at most one message, for a second).
 //   - The verification the specification recommends after acquiring is
 //     also repeated periodically, and bounds the lease's validity.
 //   - [locks.Semaphore] has a fixed N; here C is what the broker holds and

@@ -77,9 +77,13 @@
 //     moment; a standby starts its service no earlier than T + C·R after
 //     that write, so Stop has margin + C·R to finish before the two could
 //     overlap. Choose C (and the margin) for the slowest Stop you have.
-//     When the agent itself stops the service (a failed health check or
-//     write while connected, or shutdown) the key stays held until Stop
-//     has returned, however slow it is.
+//     The same bound holds whenever the agent stops its service itself (a
+//     failed health check or write, or shutdown): it blanks the key only
+//     once Stop has returned, so no standby starts at once, but it does
+//     not renew while Stop runs, so a standby may take the silent key
+//     over T + C·R after the agent's last write. Stop then has at least
+//     margin + C·R (after a failed write, whose hold ran to its end), and
+//     about T − R + C·R after a failed health check or on shutdown.
 //   - What remains: a process paused longer than T (GC, SIGSTOP) still
 //     believes it holds the key until it runs again; its lease's context
 //     then ends at once, but work it does in that instant is only stopped
@@ -96,9 +100,9 @@
 //   - putex's chart blanks the key, then kills the service, when a health
 //     check or a write fails. The Supervisor runs [Service.Stop] first and
 //     blanks the key only when Stop has returned (also when [Service.Start]
-//     failed): a blank key is taken at once, and the services of two
-//     agents must not overlap, however slow Stop is (for an agent cut off
-//     from NATS, see the bound above). The blank is one
+//     failed): a blank key is taken at once, and the two services must
+//     not overlap (within the bound on Stop's time given above). The
+//     blank is one
 //     update at the agent's last revision; on shutdown too, it never re-reads
 //     the key, as tokens (host names) are shared by an agent's restarts.
 //   - putex re-runs the kill and start actions on every stroke; the
