@@ -158,3 +158,57 @@ func TestSupervisorCutOff(t *testing.T) {
 		}
 	})
 }
+
+// TestReleaseAfterLostRenewalReply: a renewal that reached the key but
+// whose answer was lost moved the key's revision behind the holder's back;
+// the holder's lease ends (it could not confirm its hold), and its Release
+// re-reads the key, finds its own token, and blanks it: the next holder
+// gets the key at once, not T later.
+func TestReleaseAfterLostRenewalReply(t *testing.T) {
+	url, bucket := promiseEnv(t, "lostreply")
+	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
+	nc, js, err := connect("nats://" + proxy.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := newClientOn(t, nc, js, bucket).Locker()
+	kv := mustBucket(t, url, bucket)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := holder.TryLock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := kv.Get(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.DropReplies() // renewals still reach the broker
+	select {
+	case <-lease.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease outlived renewals that got no answer")
+	}
+	after, err := kv.Get(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Revision() <= before.Revision() || string(after.Value()) != string(before.Value()) {
+		t.Fatalf("no renewal reached the key (revision %d → %d, value %q → %q): the test proves nothing", before.Revision(), after.Revision(), before.Value(), after.Value())
+	}
+	proxy.Restore() // closes the holder's connection, which had lost data
+	waitFor(t, 5*time.Second, "the holder reconnects", func() bool { return nc.Stats().Reconnects > 0 && nc.IsConnected() })
+	err = lease.Release(ctx)
+	if !errors.Is(err, locks.ErrLost) {
+		t.Errorf("Release of a lease that had ended: %v, want an error matching ErrLost", err)
+	}
+	e, err := kv.Get(ctx, "job")
+	if err != nil || len(e.Value()) != 0 {
+		t.Fatalf("after Release the key should be blank (it held the lease's own token at a newer revision): %v %v", e, err)
+	}
+	taken, err := newTestClient(t, url, bucket).Locker().TryLock(ctx, "job")
+	if err != nil {
+		t.Fatalf("TryLock after the Release: %v", err)
+	}
+	_ = taken.Release(ctx)
+}
