@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -303,7 +304,7 @@ func (r *chaosRun) hold(cl *chaosClient, name string, lease locks.Lease, call, r
 		})
 		r.mu.Unlock()
 	}
-	exit, ok := r.enter(cl, name, token)
+	exit, ok := r.enter(cl, name, token, lease)
 	if ok {
 		r.write(cl, name, lease)
 		select {
@@ -323,15 +324,26 @@ func (r *chaosRun) hold(cl *chaosClient, name string, lease locks.Lease, call, r
 }
 
 // enter opens a section unless cl is dead (a dead process does nothing).
-func (r *chaosRun) enter(cl *chaosClient, name string, token uint64) (exit func(), ok bool) {
+// The section ends when exit is called or, if that is earlier, when the
+// lease's context ended (as seen by a callback of the context, so no
+// earlier than the lease really ended): a holder stops when told, and the
+// goroutine leaving the section may run a little later.
+func (r *chaosRun) enter(cl *chaosClient, name string, token uint64, lease locks.Lease) (exit func(), ok bool) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	if cl.dead {
 		return nil, false
 	}
 	s := Span{Who: cl.id, Token: token, Enter: r.now()}
+	var ended atomic.Int64 // when the lease's context ended, +1; 0 while live
+	stop := context.AfterFunc(lease.Context(), func() { ended.Store(int64(r.now()) + 1) })
 	end := sync.OnceFunc(func() {
+		stop()
 		s.Exit = r.now()
+		if e := time.Duration(ended.Load() - 1); e >= 0 && e < s.Exit {
+			s.Exit = max(e, s.Enter)
+			s.Ended = fmt.Sprint(context.Cause(lease.Context()))
+		}
 		r.mu.Lock()
 		r.spans[name] = append(r.spans[name], s)
 		r.mu.Unlock()

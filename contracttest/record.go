@@ -25,6 +25,9 @@ type Span struct {
 	Who         string
 	Token       uint64
 	Enter, Exit time.Duration
+	// Ended, when set, says why the section ended at Exit: its lease
+	// ended (the cause), before its holder got round to leaving.
+	Ended string
 }
 
 // NewHistory returns an empty History allowing limit overlapping sections.
@@ -95,7 +98,11 @@ func (h *History) Check() error {
 		if len(open) > h.Limit {
 			var who []string
 			for s := range open {
-				who = append(who, fmt.Sprintf("%s(token %d, %v-%v)", s.Who, s.Token, s.Enter, s.Exit))
+				span := fmt.Sprintf("%s(token %d, %v-%v", s.Who, s.Token, s.Enter, s.Exit)
+				if s.Ended != "" {
+					span += ", lease ended: " + s.Ended
+				}
+				who = append(who, span+")")
 			}
 			slices.Sort(who)
 			return fmt.Errorf("%d critical sections overlap at %v, limit %d: %v", len(open), e.at, h.Limit, who)
