@@ -64,8 +64,11 @@ type ChaosSummary struct {
 	// that wrote after its successor, stopped by its stale token. They are
 	// the fence working, not violations.
 	FencedRejections int
-	Recoveries       int           // crashed holders whose names were taken again
-	WorstRecovery    time.Duration // the longest of those hand-overs
+	// LeasesEnded counts sections cut short by their lease ending (lost)
+	// before their holder left: the holder was told, and stopped.
+	LeasesEnded   int
+	Recoveries    int           // crashed holders whose names were taken again
+	WorstRecovery time.Duration // the longest of those hand-overs
 	// Linearizability is porcupine's verdict on the fencing tokens
 	// (Ok, Illegal, or Unknown when it timed out); empty without fencing.
 	Linearizability porcupine.CheckResult
@@ -82,8 +85,8 @@ func (s ChaosSummary) String() string {
 	if lin == "" {
 		lin = "n/a (no fencing tokens)"
 	}
-	return fmt.Sprintf("seed %d: %d acquisitions; faults: %s; fenced rejections %d; %d crashed holders replaced, worst after %v; tokens linearizable: %s; violations %d",
-		s.Seed, s.Acquisitions, strings.Join(kinds, ", "), s.FencedRejections, s.Recoveries,
+	return fmt.Sprintf("seed %d: %d acquisitions; faults: %s; fenced rejections %d; leases ended while held %d; %d crashed holders replaced, worst after %v; tokens linearizable: %s; violations %d",
+		s.Seed, s.Acquisitions, strings.Join(kinds, ", "), s.FencedRejections, s.LeasesEnded, s.Recoveries,
 		s.WorstRecovery.Round(time.Millisecond), lin, len(s.Violations))
 }
 
@@ -141,6 +144,7 @@ type chaosRun struct {
 	crashes  []crash
 	faults   map[string]int
 	rejected int
+	ended    int // sections cut short by their lease ending
 	fences   map[string]*FencedResource
 	nextID   int
 }
@@ -324,10 +328,13 @@ func (r *chaosRun) hold(cl *chaosClient, name string, lease locks.Lease, call, r
 }
 
 // enter opens a section unless cl is dead (a dead process does nothing).
-// The section ends when exit is called or, if that is earlier, when the
-// lease's context ended (as seen by a callback of the context, so no
-// earlier than the lease really ended): a holder stops when told, and the
-// goroutine leaving the section may run a little later.
+// The section ends when exit is called or, if the lease has ended by
+// then, when it ended, if that is earlier: a holder stops when told (its
+// context's Err reports the end at once, also at a validity deadline),
+// and the goroutine leaving the section may run a little later. The end
+// is taken as the earlier of a callback of the context (no earlier than
+// the lease really ended) and the lease's validity deadline, if it has
+// one and it has passed.
 func (r *chaosRun) enter(cl *chaosClient, name string, token uint64, lease locks.Lease) (exit func(), ok bool) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
@@ -340,12 +347,22 @@ func (r *chaosRun) enter(cl *chaosClient, name string, token uint64, lease locks
 	end := sync.OnceFunc(func() {
 		stop()
 		s.Exit = r.now()
-		if e := time.Duration(ended.Load() - 1); e >= 0 && e < s.Exit {
-			s.Exit = max(e, s.Enter)
+		if lease.Context().Err() != nil {
 			s.Ended = fmt.Sprint(context.Cause(lease.Context()))
+			if e := time.Duration(ended.Load() - 1); e >= 0 && e < s.Exit {
+				s.Exit = max(e, s.Enter)
+			}
+			if d, ok := lease.(interface{ Deadline() time.Time }); ok && !d.Deadline().IsZero() {
+				if e := d.Deadline().Sub(r.start); e < s.Exit {
+					s.Exit = max(e, s.Enter)
+				}
+			}
 		}
 		r.mu.Lock()
 		r.spans[name] = append(r.spans[name], s)
+		if s.Ended != "" {
+			r.ended++
+		}
 		r.mu.Unlock()
 		delete(cl.held, name) // callers hold cl.mu
 	})
@@ -469,7 +486,7 @@ func (r *chaosRun) inject() {
 func (r *chaosRun) check() ChaosSummary {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := ChaosSummary{Seed: r.cfg.Seed, Faults: r.faults, FencedRejections: r.rejected}
+	s := ChaosSummary{Seed: r.cfg.Seed, Faults: r.faults, FencedRejections: r.rejected, LeasesEnded: r.ended}
 	recovery := bound(r.caps.CrashRecovery)
 	end := r.now()
 	for _, name := range r.names {
