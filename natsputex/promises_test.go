@@ -3,7 +3,9 @@ package natsputex_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -211,4 +213,61 @@ func TestReleaseAfterLostRenewalReply(t *testing.T) {
 		t.Fatalf("TryLock after the Release: %v", err)
 	}
 	_ = taken.Release(ctx)
+}
+
+// TestSupervisorStartFails: Stop runs once when Run begins, before any
+// Start; a Start that fails counts as a failed health check: Stop runs,
+// then the key is blanked, so a standby takes it over at once (not T
+// later).
+func TestSupervisorStartFails(t *testing.T) {
+	url, bucket, key := supervisorEnv(t)
+	var mu sync.Mutex
+	var calls []string // of node-a's service
+	record := func(c string) {
+		mu.Lock()
+		calls = append(calls, c)
+		mu.Unlock()
+	}
+	proceed := make(chan struct{})
+	nc, js, err := connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newClientOn(t, nc, js, bucket)
+	sup, err := a.Supervisor(key, "node-a", natsputex.Service{
+		Start: func(context.Context) error {
+			record("start")
+			<-proceed // node-b is standby by now
+			return errors.New("cannot start (test)")
+		},
+		Stop: func(context.Context) error { record("stop"); return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, 5*time.Second, "node-a holds the key and starts", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(calls) == 2
+	})
+	b := startAgent(t, url, bucket, key, "node-b", contracttest.NewHistory(1))
+	time.Sleep(3 * testR) // node-b has found node-a's token and watches the key
+	failed := time.Now()
+	close(proceed)
+	waitFor(t, testF*testR+time.Second, "node-b starts its service", b.running)
+	took := time.Since(failed)
+	t.Logf("node-b started %v after node-a's Start failed", took.Round(time.Millisecond))
+	if took >= testF*testR {
+		t.Errorf("node-b started %v after node-a's Start failed: the key was not blanked (a blank key is taken at once, not after T = %v)", took, testF*testR)
+	}
+	mu.Lock()
+	first := slices.Clone(calls[:min(3, len(calls))])
+	mu.Unlock()
+	if !slices.Equal(first, []string{"stop", "start", "stop"}) {
+		t.Errorf("node-a's service calls began %q, want stop (Run begins), start, stop (Start failed)", first)
+	}
 }

@@ -107,8 +107,9 @@ type Service struct {
 // another token in the key, stops the service at once; after a failed
 // health check or Start, once Stop has returned, the key is blanked (one
 // attempt, at the agent's last revision). An active agent that has not
-// renewed for T minus the safety margin stops its service by itself,
-// before any other agent may take over.
+// renewed for T minus the safety margin begins to stop its service by
+// itself, before any other agent may take over (the package doc says how
+// long Stop may then take).
 //
 // A Supervisor's methods are safe for concurrent use; Run runs once at a
 // time.
