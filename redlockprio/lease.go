@@ -340,7 +340,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		if answered := len(grants) + len(held); answered < l.quorum {
 			return fail(&QuorumError{Got: answered, Need: l.quorum, Errs: errs})
 		}
-		return fail(heldError(name, held, errors.Join(errs...)))
+		return fail(heldError(name, held, l.quorum, size, errors.Join(errs...)))
 	}
 	// Other slots granted by a minority are not ours to keep; those taken
 	// from a victim are kept until it has stopped (see below).
@@ -639,19 +639,36 @@ func (l *Locker) abandon(ctx context.Context, e *Lease, gs []grant, others []*ma
 	}
 }
 
-func heldError(name string, held []grant, err error) error {
+func heldError(name string, held []grant, quorum, size int, err error) error {
 	he := &locks.HeldError{Name: name, Err: err}
+	// A lock held by different holders on different masters, none on a
+	// quorum of the answers, is a split vote between attempts (waiters
+	// that all retried as the last holder's keys expired): their keys go
+	// at once, so waiting out their PTTLs (a whole TTL) would leave the
+	// name free for nothing. Retry soon, at a random moment. (One holder
+	// seen on fewer masters, the others down, is waited out as before.)
+	owners := map[string]int{}
 	for _, g := range held {
+		owners[g.holder]++
+	}
+	split := size == 1 && len(owners) > 1
+	for _, g := range held {
+		if split && owners[g.holder] < quorum {
+			continue
+		}
 		if g.pttl > 0 && (he.RetryAfter == 0 || g.pttl < he.RetryAfter) {
 			he.RetryAfter = g.pttl
 			he.Holder = g.holder
 		}
 	}
 	if he.RetryAfter == 0 {
-		he.RetryAfter = 5 * time.Millisecond // split votes: retry soon
+		he.RetryAfter = splitRetry + rand.N(splitRetry*3) // split votes: retry soon
 	}
 	return he
 }
+
+// splitRetry is the least wait before retrying after a split vote.
+const splitRetry = 5 * time.Millisecond
 
 // abort forgets a failed attempt and deletes whatever it got on ms (see
 // deleteKeys for keepTaken).
