@@ -430,9 +430,10 @@ func (c *Client) declareExclusive(ctx context.Context, h *holding, args amqp.Tab
 // first one's channel broke.
 const freeAttempts = 3
 
-// free deletes h's queue, once, and wakes the waiters of its key: both in
-// one round trip when it can (see [waker.deleteAndWake]), else a delete
-// on a pooled channel, then the wake-up. When the connection is gone, the
+// free deletes h's queue, once, and then wakes the waiters of its key.
+// The delete waits for the broker's answer before the queue may be
+// declared again by this client (a no-wait delete sent with the wake-up,
+// one round trip less, let two holders in at once in the chaos runs). When the connection is gone, the
 // queue is gone with it (or will be soon) and free reports no error. When
 // the delete fails while the connection lives (its channel was closed by
 // the broker for an earlier error on it), the queue is still there: free
@@ -465,10 +466,6 @@ func (c *Client) free(ctx context.Context, h *holding) error {
 	}
 	defer cancel()
 	err := c.run(runCtx, grace, func() error {
-		if c.wakes.deleteAndWake(h.wakeKey, h.queue) {
-			c.unreserve(h)
-			return nil
-		}
 		ch, err := c.channel()
 		if err != nil {
 			return err
