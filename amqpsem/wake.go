@@ -117,14 +117,13 @@ const yieldWindow = 100 * time.Millisecond
 
 // release is what the broker said of one release's wake-up.
 type release struct {
-	at        time.Time
-	done      chan struct{} // closed once the answer is known
-	confirmed bool          // set before done is closed: the broker confirmed the wake-up
-	waiters   bool          // likewise: and routed it to some queue
+	at      time.Time
+	done    chan struct{} // closed once the answer is known
+	waiters bool          // set before done is closed: the broker confirmed the wake-up and routed it to some queue
 }
 
-func (r *release) resolve(confirmed, waiters bool) {
-	r.confirmed, r.waiters = confirmed, waiters
+func (r *release) resolve(waiters bool) {
+	r.waiters = waiters
 	close(r.done)
 }
 
@@ -188,7 +187,7 @@ func (w *waker) send(key, queue string) *release {
 		w.relMu.Lock()
 		if pc.pending[tag] == rel {
 			delete(pc.pending, tag)
-			rel.resolve(false, false)
+			rel.resolve(false)
 		}
 		w.relMu.Unlock()
 		if w.c.conn.IsClosed() {
@@ -246,7 +245,7 @@ func (w *waker) confirmLoop(pc *pubChannel, confirms <-chan amqp.Confirmation, r
 				pc.closed = true
 				for tag, rel := range pc.pending {
 					delete(pc.pending, tag)
-					rel.resolve(false, false)
+					rel.resolve(false)
 				}
 				w.relMu.Unlock()
 				return
@@ -266,7 +265,7 @@ func (w *waker) confirmLoop(pc *pubChannel, confirms <-chan amqp.Confirmation, r
 			if rel != nil {
 				// A confirm, ack or nack, comes after the broker handled
 				// what was sent before it on the channel.
-				rel.resolve(true, c.Ack && !returned[c.DeliveryTag])
+				rel.resolve(c.Ack && !returned[c.DeliveryTag])
 			}
 			delete(returned, c.DeliveryTag)
 		}
