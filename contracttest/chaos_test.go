@@ -44,7 +44,7 @@ func TestChaosCatchesBrokenBackends(t *testing.T) {
 	}, {
 		name: "crash recovery slower than stated",
 		breaks: func(h *memHarness) {
-			h.ttl = time.Second
+			h.ttl = 500 * time.Millisecond
 			h.caps.CrashRecovery = 100 * time.Millisecond
 		},
 		want: "after its holder crashed",

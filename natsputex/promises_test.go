@@ -229,6 +229,8 @@ func TestSupervisorStartFails(t *testing.T) {
 		mu.Unlock()
 	}
 	proceed := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	stopA := cancel
 	nc, js, err := connect(url)
 	if err != nil {
 		t.Fatal(err)
@@ -240,12 +242,20 @@ func TestSupervisorStartFails(t *testing.T) {
 			<-proceed // node-b is standby by now
 			return errors.New("cannot start (test)")
 		},
-		Stop: func(context.Context) error { record("stop"); return nil },
+		Stop: func(context.Context) error {
+			record("stop")
+			mu.Lock()
+			failed := len(calls) == 3
+			mu.Unlock()
+			if failed {
+				stopA() // node-a blanks the key and leaves, so it cannot take it back
+			}
+			return nil
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sup.Run(ctx) }()
 	defer func() { cancel(); <-done }()
