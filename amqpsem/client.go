@@ -128,7 +128,7 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	hb := conn.Config.Heartbeat
 	if hb <= 0 {
 		_ = conn.Close()
-		return nil, fmt.Errorf("amqpsem: %w", locks.InvalidOption("heartbeats are disabled (heartbeat=0 in the URL or at the broker): amqpsem needs them to bound how long a dead holder keeps its slot"))
+		return nil, fmt.Errorf("amqpsem: %w", locks.InvalidOption("heartbeats are disabled (heartbeat=0 in the URL and at the broker): amqpsem needs them to bound how long a dead holder keeps its slot"))
 	}
 	// The broker sends a frame at least every heartbeat interval: a
 	// connection silent for three is dead, whatever amqp's own deadline

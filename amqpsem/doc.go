@@ -35,7 +35,8 @@
 // So a holder cut off keeps its slot for up to three heartbeat intervals
 // (the negotiated interval, [Client.Heartbeat]: what [WithHeartbeat]
 // asks for, 10s by default, so up to 30s, unless the broker lowers it or
-// a heartbeat in the URL replaces it), not two, plus
+// a heartbeat in the URL replaces it; heartbeat=0 there takes the
+// broker's interval), not two, plus
 // the moment it takes to delete its queues. On the holder's side, its
 // lease ends with [locks.ErrLost] when its connection closes, or when
 // no verification ([WithVerifyInterval]) has succeeded for one heartbeat

@@ -33,6 +33,11 @@ func internalClient(t *testing.T) (*Client, string, context.Context) {
 	return c, u, ctx
 }
 
+// ConnForTest returns c's connection, for the external tests: a queue
+// exclusive to c can only be declared, and so compared with the
+// arguments it should have, on c's own connection.
+func (c *Client) ConnForTest() *amqp.Connection { return c.conn }
+
 func internalName(t *testing.T) string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])

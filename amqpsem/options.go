@@ -47,7 +47,8 @@ func defaults() options {
 type Option func(*options) error
 
 // WithHeartbeat sets the AMQP heartbeat interval the client asks for; the
-// broker may lower it, and a heartbeat in the URL wins. It is whole
+// broker may lower it, and a heartbeat in the URL wins (heartbeat=0 there
+// takes the broker's interval). It is whole
 // seconds, at least 1s. A holder whose connection is silenced keeps its
 // slot at the broker for two to three intervals (see the package
 // documentation), and its own lease ends within one interval of its last

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -926,5 +927,211 @@ func TestUnexpectedQueueArguments(t *testing.T) {
 	}
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// withQuery returns rawURL with its query parameter key set to value, or
+// without it when value is "".
+func withQuery(t *testing.T, rawURL, key, value string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	if value == "" {
+		q.Del(key)
+	} else {
+		q.Set(key, value)
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// brokerHeartbeat returns the heartbeat interval the broker proposes (0:
+// none). A client asking for none (heartbeat=0 in the URL) gets the
+// broker's.
+func brokerHeartbeat(t *testing.T, rawURL string) time.Duration {
+	t.Helper()
+	conn, err := amqp.Dial(withQuery(t, rawURL, "heartbeat", "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	return conn.Config.Heartbeat
+}
+
+// TestHeartbeatNegotiated: the negotiated interval, Client.Heartbeat, is
+// what WithHeartbeat asks for (10s when not given), unless the broker
+// proposes a lower one, or the URL's heartbeat= replaces it, lower or
+// higher.
+func TestHeartbeatNegotiated(t *testing.T) {
+	u, _ := amqpURL(t)
+	broker := brokerHeartbeat(t, u)
+	t.Logf("the broker proposes a heartbeat of %v", broker)
+	// The AMQP rule: the lower of the two proposals, unless one is 0.
+	negotiated := func(asked time.Duration) time.Duration {
+		if broker == 0 {
+			return asked
+		}
+		return min(asked, broker)
+	}
+	plain := withQuery(t, u, "heartbeat", "")
+	for _, tc := range []struct {
+		what  string
+		url   string
+		opts  []amqpsem.Option
+		asked time.Duration
+	}{
+		{"default", plain, nil, 10 * time.Second},
+		{"option", plain, []amqpsem.Option{amqpsem.WithHeartbeat(7 * time.Second)}, 7 * time.Second},
+		{"URL lower than the option", withQuery(t, plain, "heartbeat", "2"), []amqpsem.Option{amqpsem.WithHeartbeat(10 * time.Second)}, 2 * time.Second},
+		{"URL higher than the option", withQuery(t, plain, "heartbeat", "3"), []amqpsem.Option{amqpsem.WithHeartbeat(time.Second)}, 3 * time.Second},
+	} {
+		c, err := amqpsem.Dial(tctx(t), tc.url, tc.opts...)
+		if err != nil {
+			t.Fatalf("%s: Dial: %v", tc.what, err)
+		}
+		got := c.Heartbeat()
+		_ = c.Close()
+		if want := negotiated(tc.asked); got != want {
+			t.Errorf("%s: Heartbeat() = %v, want %v (asked for %v, the broker proposes %v)", tc.what, got, want, tc.asked, broker)
+		}
+	}
+	if broker != 0 && broker < 10*time.Second {
+		t.Logf("the broker's %v is below some of the intervals asked for: those cases only show that it lowers them", broker)
+	}
+}
+
+// TestHolderQueueArguments: holder queues B[i] and the mutex queue of
+// the default layout are exclusive, with x-max-length 0 and no other
+// argument, so that probes never pile up in them. Another connection's
+// declare is refused (RESOURCE_LOCKED) whatever its arguments, so they
+// are compared on their owner's connection: a declare with x-max-length
+// 0 alone is accepted, one with other arguments refused
+// (PRECONDITION_FAILED, which closes only that channel). (Durability is
+// not compared: RabbitMQ 3.10 accepts a durable redeclare of an
+// exclusive queue.)
+func TestHolderQueueArguments(t *testing.T) {
+	u, _ := amqpURL(t)
+	name := uniqueName(t, u)
+	ctx := tctx(t)
+	c := dial(t, u)
+	r := rawConn(t, u)
+	l, err := semaphore(t, c, amqpsem.WithCreate(1)).TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := l.(*amqpsem.Lease)
+	m, err := c.Mutex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mutexName := uniqueName(t, u)
+	ml, err := m.TryLock(ctx, mutexName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := ml.(*amqpsem.Lease)
+	if want := amqpsem.DefaultLayout.Holder(name, 1); slot.Queue() != want {
+		t.Fatalf("holder queue %q, want %q", slot.Queue(), want)
+	}
+	if held.Queue() != mutexName {
+		t.Fatalf("mutex queue %q, want %q", held.Queue(), mutexName)
+	}
+	declare := func(q string, args amqp.Table) error {
+		ch, err := c.ConnForTest().Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.Close()
+		_, err = ch.QueueDeclare(q, false, false, true, false, args)
+		return err
+	}
+	for _, q := range []string{slot.Queue(), held.Queue()} {
+		if err := declare(q, amqp.Table{"x-max-length": int32(0)}); err != nil {
+			t.Errorf("%q is not an exclusive queue with x-max-length 0 and no other argument: %v", q, err)
+		}
+		for what, args := range map[string]amqp.Table{
+			"no arguments":   nil,
+			"x-max-length 1": {"x-max-length": int32(1)},
+			"x-expires too":  {"x-max-length": int32(0), "x-expires": int32(60000)},
+		} {
+			if err := declare(q, args); codeOf(err) != amqp.PreconditionFailed {
+				t.Errorf("a declare of %q with %s gave %v, want PRECONDITION_FAILED", q, what, err)
+			}
+		}
+		if err := r.declare(q, false, true, amqp.Table{"x-max-length": int32(0)}); codeOf(err) != amqp.ResourceLocked {
+			t.Errorf("a declare of %q from another connection gave %v, want RESOURCE_LOCKED (exclusive)", q, err)
+		}
+	}
+	// The refused declares broke only their own channels.
+	for _, l := range []*amqpsem.Lease{slot, held} {
+		if err := l.Verify(ctx); err != nil {
+			t.Errorf("lease on %q after the test's declares: %v", l.Queue(), err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("release of %q: %v", l.Queue(), err)
+		}
+	}
+}
+
+// TestProbesExpireAtOnce: the messages existence checks publish expire at
+// once (Expiration "0"), so they do not pile up even in a queue that
+// would keep them. The slot queue here is a stranger's, declared without
+// x-max-length: an acquire (which probes it: it finds slot 1) and its
+// verifications leave no message in it, while a message published to it
+// without an expiration stays.
+func TestProbesExpireAtOnce(t *testing.T) {
+	u, _ := amqpURL(t)
+	name := uniqueName(t, u)
+	ctx := tctx(t)
+	r := rawConn(t, u)
+	a1 := amqpsem.DefaultLayout.Slot(name, 1)
+	if err := r.declare(a1, true, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.delete(a1) })
+	ch, err := r.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	messages := func() int {
+		t.Helper()
+		q, err := ch.QueueDeclarePassive(a1, true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q.Messages
+	}
+	// The control: this queue keeps what it is sent.
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirm("", a1, true, false, amqp.Publishing{Body: []byte("stays")})
+	if err != nil || !dc.Wait() {
+		t.Fatalf("publish to %q: %v", a1, err)
+	}
+	if n := messages(); n != 1 {
+		t.Fatalf("%q holds %d messages after one was published, want 1", a1, n)
+	}
+	if _, err := ch.QueuePurge(a1, false); err != nil {
+		t.Fatal(err)
+	}
+
+	l, err := semaphore(t, dial(t, u)).TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slot := l.(*amqpsem.Lease).Slot(); slot != 1 {
+		t.Fatalf("acquired slot %d, want 1", slot)
+	}
+	time.Sleep(4 * testVerify) // a few verifications, which probe A[1] too
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := messages(); n != 0 {
+		t.Errorf("%q holds %d messages after an acquire and its verifications: probes did not expire", a1, n)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/latchkey-go/latchkey/locks"
 
 	"github.com/latchkey-go/latchkey/amqpsem"
@@ -164,5 +166,174 @@ func TestWakeQueueNamesRefused(t *testing.T) {
 	}
 	if err := amqpsem.DefaultLayout.CheckName("amqpsem.wakeful"); err != nil {
 		t.Errorf(`CheckName("amqpsem.wakeful") = %v, want nil`, err)
+	}
+}
+
+// slowBackoff is a waiter's back-off far longer than wakeBound: a waiter
+// that holds within wakeBound of a release was woken, it did not poll.
+var slowBackoff = locks.Backoff{Min: 5 * time.Second, Max: 5 * time.Second}
+
+const wakeBound = time.Second
+
+// waitBound waits until some queue is bound to exchange with key: a
+// mandatory publish to it is no longer returned. Each publish is a
+// wake-up for the name key: a Mutex waiter woken by fan-out checks, finds
+// the name held and sleeps again.
+func (r *raw) waitBound(exchange, key string) {
+	r.t.Helper()
+	ch, err := r.conn.Channel()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		r.t.Fatal(err)
+	}
+	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		dc, err := ch.PublishWithDeferredConfirm(exchange, key, true, false, amqp.Publishing{Expiration: "1000"})
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if !dc.Wait() {
+			r.t.Fatalf("publish to %q with key %q: nacked", exchange, key)
+		}
+		// A return comes before the confirm that follows it.
+		select {
+		case <-returns:
+		default:
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("no queue bound to %q with key %q after 5s", exchange, key)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// lockAfterRelease has holder TryLock name and waiter Lock it; once
+// waiting returns (the waiter waits), and the waiter has had the time to
+// go to sleep, holder releases it. It returns how long after the Release
+// the waiter's Lock returned holding name.
+func lockAfterRelease(t *testing.T, holder, waiter *amqpsem.Mutex, name string, waiting func()) time.Duration {
+	t.Helper()
+	ctx := tctx(t)
+	lease, err := holder.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease locks.Lease
+		err   error
+		at    time.Time
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := waiter.Lock(ctx, name)
+		got <- result{l, err, time.Now()}
+	}()
+	waiting()
+	time.Sleep(300 * time.Millisecond) // the waiter has checked and sleeps
+	select {
+	case res := <-got:
+		t.Fatalf("the waiter's Lock returned while the name was held: %v, %v", res.lease, res.err)
+	default:
+	}
+	released := time.Now()
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-got
+	if res.err != nil {
+		t.Fatalf("the waiter's Lock: %v", res.err)
+	}
+	if err := res.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return res.at.Sub(released)
+}
+
+// TestMutexReleaseWakesWaiter: a Release wakes a Mutex waiter of another
+// client at once, through its turn on the name's shared wake queue, not
+// by polling: with a 5s back-off the waiter holds within a second.
+func TestMutexReleaseWakesWaiter(t *testing.T) {
+	u, _ := amqpURL(t)
+	name := uniqueName(t, u)
+	r := rawConn(t, u)
+	wq := "amqpsem.wake." + name
+	t.Cleanup(func() { r.delete(wq) }) // after the clients closed
+	holder, err := dial(t, u).Mutex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := dial(t, u, amqpsem.WithBackoff(slowBackoff)).Mutex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := lockAfterRelease(t, holder, waiter, name, func() {
+		r.waitConsumers(wq, 1) // the waiter takes turns
+	})
+	t.Logf("the waiter held %v after the Release (back-off %v)", took.Round(time.Millisecond), slowBackoff.Min)
+	if took > wakeBound {
+		t.Errorf("the waiter held %v after the Release: not woken (its back-off is %v)", took, slowBackoff.Min)
+	}
+}
+
+// TestMutexWakeFallback: when the name's shared wake queue cannot be
+// declared, a waiting Lock falls back to fan-out: a Release still wakes
+// it, and a waiter with a 5s back-off holds within a second. The queue
+// is taken first by a stranger's queue of the same name, with other
+// arguments (PRECONDITION_FAILED), or exclusive to another connection
+// (RESOURCE_LOCKED); the client leaves it alone.
+func TestMutexWakeFallback(t *testing.T) {
+	u, _ := amqpURL(t)
+	for _, tc := range []struct {
+		what      string
+		exclusive bool
+		args      amqp.Table
+	}{
+		{"other arguments", false, amqp.Table{"x-max-length": int32(5), "x-expires": int32(60000)}},
+		// The library's own arguments: only the exclusivity is in the way.
+		{"exclusive elsewhere", true, amqp.Table{"x-max-length": int32(1), "x-message-ttl": int32(1000), "x-expires": int32(60000)}},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			name := uniqueName(t, u)
+			r := rawConn(t, u)
+			wq := "amqpsem.wake." + name
+			if err := r.declare(wq, false, tc.exclusive, tc.args); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.delete(wq) }) // after the clients closed
+			holder, err := dial(t, u).Mutex()
+			if err != nil {
+				t.Fatal(err)
+			}
+			waiter, err := dial(t, u, amqpsem.WithBackoff(slowBackoff)).Mutex()
+			if err != nil {
+				t.Fatal(err)
+			}
+			took := lockAfterRelease(t, holder, waiter, name, func() {
+				r.waitBound("amq.direct", name) // the waiter's fan-out queue
+			})
+			t.Logf("the waiter held %v after the Release (back-off %v)", took.Round(time.Millisecond), slowBackoff.Min)
+			if took > wakeBound {
+				t.Errorf("the waiter held %v after the Release: not woken (its back-off is %v)", took, slowBackoff.Min)
+			}
+			// The stranger's queue is as it was, and nobody consumed it:
+			// the waiter was woken by fan-out, not by turns.
+			ch, err := r.conn.Channel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ch.Close()
+			q, err := ch.QueueDeclare(wq, false, false, tc.exclusive, false, tc.args)
+			if err != nil {
+				t.Fatalf("the stranger's %q changed: %v", wq, err)
+			}
+			if q.Consumers != 0 {
+				t.Errorf("the stranger's %q has %d consumers, want 0", wq, q.Consumers)
+			}
+		})
 	}
 }
