@@ -597,3 +597,190 @@ func TestFirstLockWithHungMaster(t *testing.T) {
 		t.Errorf("a new Locker's first Lock took %v with one master of three hung, want at most %v (it waited for every inbox subscription)", took.Round(time.Millisecond), hungBound)
 	}
 }
+
+// TestLockerNeverClosesClients: closing a Locker — with a lease, a
+// semaphore slot and a waiting Lock, so that its renewal, pub/sub and
+// release calls have all used the clients — leaves the go-redis clients
+// it was given open: each still answers PING, and a new Locker over them
+// works (and finds the names Close released free).
+func TestLockerNeverClosesClients(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d master(s)", n), func(t *testing.T) {
+			addrs := addrsOf(testenv.StartRedis(t, n))
+			var rcs []*redis.Client
+			var ms []redis.UniversalClient
+			for _, a := range addrs {
+				rc := newRedis(a)
+				t.Cleanup(func() { _ = rc.Close() })
+				rcs = append(rcs, rc)
+				ms = append(ms, rc)
+			}
+			opts := []redlockprio.Option{redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew)}
+			l, err := redlockprio.New(ms, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := ctxFor(t, 10*time.Second)
+			name := uniqueName(t)
+			if _, err := l.Lock(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+			sem, err := l.Semaphore(2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sem.Acquire(ctx, name+"-sem"); err != nil {
+				t.Fatal(err)
+			}
+			waiting := make(chan error, 1)
+			go func() {
+				lease, err := l.Lock(ctx, name) // held: waits on the release channel
+				if err == nil {
+					_ = lease.Release(ctx)
+				}
+				waiting <- err
+			}()
+			time.Sleep(2 * testRenew) // renewals, and the waiter subscribed
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-waiting:
+				if !errors.Is(err, locks.ErrClosed) {
+					t.Errorf("the Lock waiting during Close = %v, want ErrClosed", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiting Lock did not return after Close")
+			}
+
+			for i, rc := range rcs {
+				if err := rc.Ping(ctx).Err(); err != nil {
+					t.Errorf("master %d's client after Locker.Close: PING = %v", i, err)
+				}
+			}
+			l2, err := redlockprio.New(ms, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l2.Close()
+			lease, err := l2.TryLock(ctx, name)
+			if err != nil {
+				t.Fatalf("a new Locker over the same clients: TryLock of the name the closed Locker held = %v", err)
+			}
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// newRedisWithoutContextTimeout returns a go-redis client that does not
+// end calls at their context's deadline (ContextTimeoutEnabled unset):
+// only its read and write timeouts, of two seconds, end a call to a hung
+// master.
+func newRedisWithoutContextTimeout(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:         addr,
+		MaxRetries:   -1,
+		DialTimeout:  time.Second,
+		ReadTimeout:  2 * time.Second,
+		WriteTimeout: 2 * time.Second,
+	})
+}
+
+// TestDeadlineWithoutContextTimeout: with clients that do not honour
+// context deadlines (ContextTimeoutEnabled unset), the Locker still stops
+// waiting at the step's deadline: with one master, paused, and with three
+// masters, two paused, Lock, TryLock and Release given a context with a
+// deadline return by about that deadline — long before the clients' read
+// timeout ends the calls to the paused masters — Lock and TryLock with an
+// error matching the context's. A PING on a paused master's client with
+// the same deadline shows that the client itself waits for its read
+// timeout.
+func TestDeadlineWithoutContextTimeout(t *testing.T) {
+	const (
+		deadline = 300 * time.Millisecond
+		margin   = 300 * time.Millisecond // scheduling, not performance
+		timeout  = 2 * time.Second        // the clients' read timeout
+	)
+	for _, tc := range []struct{ masters, paused int }{{1, 1}, {3, 2}} {
+		t.Run(fmt.Sprintf("%d of %d masters paused", tc.paused, tc.masters), func(t *testing.T) {
+			servers := testenv.StartRedis(t, tc.masters)
+			var ms []redis.UniversalClient
+			for _, s := range servers {
+				rc := newRedisWithoutContextTimeout(s.Addr())
+				t.Cleanup(func() { _ = rc.Close() })
+				ms = append(ms, rc)
+			}
+			// A long TTL: the held lease must not be lost before its
+			// Release below.
+			l, err := redlockprio.New(ms, redlockprio.WithTTL(10*time.Second), redlockprio.WithRenewInterval(3*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = l.Close() }) // after the masters resume (defer below)
+			warm(t, l)                          // the inbox is subscribed: the steps are what is timed
+			ctx := ctxFor(t, 10*time.Second)
+			held, err := l.TryLock(ctx, uniqueName(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			for _, s := range servers[:tc.paused] {
+				if err := s.Pause(); err != nil {
+					t.Fatal(err)
+				}
+				defer s.Resume()
+			}
+			// The premise: the client itself does not stop at the deadline.
+			premise := make(chan time.Duration, 1)
+			go func() {
+				pctx, cancel := context.WithTimeout(context.Background(), deadline)
+				defer cancel()
+				start := time.Now()
+				_ = ms[0].Ping(pctx).Err()
+				premise <- time.Since(start)
+			}()
+
+			// timed runs call with a deadline; its error must match the
+			// context's, or for a Release (whose ctx only bounds the wait)
+			// be nil or match it.
+			timed := func(what string, call func(context.Context) error, nilOK bool) {
+				t.Helper()
+				cctx, cancel := context.WithTimeout(ctx, deadline)
+				defer cancel()
+				start := time.Now()
+				err := call(cctx)
+				took := time.Since(start)
+				t.Logf("%s: %v after %v", what, err, took.Round(time.Millisecond))
+				if took > deadline+margin {
+					t.Errorf("%s took %v with a deadline of %v, want at most %v", what, took.Round(time.Millisecond), deadline, deadline+margin)
+				}
+				if !(nilOK && err == nil) && !errors.Is(err, cctx.Err()) {
+					t.Errorf("%s = %v, want an error matching the context's (%v)", what, err, cctx.Err())
+				}
+			}
+			for _, call := range []struct {
+				what string
+				f    func(context.Context, string) (locks.Lease, error)
+			}{{"Lock", l.Lock}, {"TryLock", l.TryLock}} {
+				timed(call.what, func(ctx context.Context) error {
+					lease, err := call.f(ctx, uniqueName(t))
+					if err == nil {
+						_ = lease.Release(context.Background())
+						return errors.New("granted with no quorum of masters answering")
+					}
+					return err
+				}, false)
+			}
+			// Release: the keys on the paused masters expire after the TTL.
+			timed("Release", held.Release, true)
+
+			if took := <-premise; took < timeout/2 {
+				t.Fatalf("PING of a paused master with a %v deadline returned after %v: the client honours deadlines, the test shows nothing", deadline, took)
+			} else {
+				t.Logf("the client's own PING of a paused master with a %v deadline returned after %v", deadline, took.Round(time.Millisecond))
+			}
+		})
+	}
+}

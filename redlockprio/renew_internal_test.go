@@ -3,6 +3,9 @@ package redlockprio
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,4 +62,148 @@ func TestRenewRoundEndsBeforeEarliestDeadline(t *testing.T) {
 	if !errors.As(cause, &qe) {
 		t.Errorf("cause = %v: the lease ran into its deadline, not ended by the failed renewal", cause)
 	}
+}
+
+// renewLoops counts the goroutines running a Locker's renewal loop, found
+// by function name in every goroutine's stack (as goleak does). A frame,
+// not a "created by" line: a goroutine the loop started is not the loop.
+func renewLoops() int {
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		for line := range strings.SplitSeq(g, "\n") {
+			if !strings.HasPrefix(line, "created by ") && strings.Contains(line, "redlockprio.(*Locker).renewLoop(") {
+				count++
+				break
+			}
+		}
+	}
+	return count
+}
+
+// TestRenewGoroutineExitsWhenNoLeaseHeld: every lease of a Locker is
+// renewed from one goroutine, which exits once no lease is held — while
+// the Locker stays open — and comes back for the next lease.
+func TestRenewGoroutineExitsWhenNoLeaseHeld(t *testing.T) {
+	servers := testenv.StartRedis(t, 3)
+	var ms []redis.UniversalClient
+	for _, s := range servers {
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		defer rc.Close()
+		ms = append(ms, rc)
+	}
+	const ttl, renew = 600 * time.Millisecond, 190 * time.Millisecond
+	// How long the loop may take to notice, at its next tick, that no
+	// lease is left: a generous scheduling margin, not a performance claim.
+	const exitBound = renew + time.Second
+	l, err := New(ms, WithTTL(ttl), WithRenewInterval(renew))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// Goroutines of other tests' Lockers are not this Locker's: count from
+	// what runs before it holds anything (none, as they are all closed).
+	others := renewLoops()
+	renewing := func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.renewing
+	}
+	// state checks both views: the Locker's own flag and the goroutines.
+	state := func(want bool) (ok bool, got string) {
+		r, n := renewing(), renewLoops()-others
+		ok = r == want && (want && n == 1 || !want && n == 0)
+		return ok, fmt.Sprintf("renewing %v, %d renewal goroutines", r, n)
+	}
+	waitState := func(want bool, within time.Duration) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for {
+			ok, got := state(want)
+			if ok {
+				return time.Since(start)
+			}
+			if time.Since(start) > within {
+				t.Fatalf("%v after the change: %s, want %s", within, got, map[bool]string{true: "one", false: "none"}[want])
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	// renewed waits until lease's deadline moves: the loop renews it.
+	renewed := func(lease *Lease) {
+		t.Helper()
+		first := lease.Deadline()
+		for start := time.Now(); !lease.Deadline().After(first); time.Sleep(5 * time.Millisecond) {
+			if time.Since(start) > 3*renew {
+				t.Fatalf("%q was not renewed in %v (renewal every %v)", lease.Name(), 3*renew, renew)
+			}
+		}
+	}
+
+	if ok, got := state(false); !ok {
+		t.Fatalf("before any lease: %s, want none", got)
+	}
+	a, err := l.Lock(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.Lock(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (Started with the first lease, the goroutine may not have run yet.)
+	waitState(true, time.Second)
+	if ok, got := state(true); !ok {
+		t.Fatalf("holding two leases: %s, want one goroutine for both", got)
+	}
+	renewed(a.(*Lease))
+	renewed(b.(*Lease))
+
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * renew) // ticks with one lease left
+	if ok, got := state(true); !ok {
+		t.Fatalf("one lease left: %s, want one", got)
+	}
+	renewed(b.(*Lease))
+
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	took := waitState(false, exitBound)
+	t.Logf("the renewal goroutine exited %v after the last Release (interval %v)", took.Round(time.Millisecond), renew)
+	time.Sleep(2 * renew) // it does not come back by itself
+	if ok, got := state(false); !ok {
+		t.Fatalf("no lease held for %v: %s, want none", 2*renew, got)
+	}
+	l.mu.Lock()
+	closed := l.closing || l.closed
+	l.mu.Unlock()
+	if closed {
+		t.Fatal("the Locker closed")
+	}
+
+	// The next lease brings it back, and is renewed.
+	c, err := l.Lock(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(true, time.Second)
+	renewed(c.(*Lease))
+	if err := c.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitState(false, exitBound)
 }
