@@ -14,11 +14,13 @@ import (
 const commandWaitDelay = time.Second
 
 // runCommand runs command with sh -c, args as $1…, and returns its error
-// with the end of its output. The command is killed when ctx ends.
+// with the end of its output. The command is killed when ctx ends, with
+// the processes it started (on Unix: its process group).
 func runCommand(ctx context.Context, command string, env []string, args ...string) error {
 	cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", command, "natslock"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.WaitDelay = commandWaitDelay
+	killGroupOnCancel(cmd)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		msg := strings.TrimSpace(string(out))
@@ -36,7 +38,8 @@ func runCommand(ctx context.Context, command string, env []string, args ...strin
 // CommandHealthCheck returns a [HealthCheck] that runs command with
 // /bin/sh -c, passing the state ("active" or "standby") as $1 and in the
 // environment variable NATSLOCK_STATE; a non-zero exit fails the check.
-// The command is killed when the check's context ends (after T).
+// The command is killed when the check's context ends (after T), with
+// the processes it started (on Unix: its process group).
 func CommandHealthCheck(command string) HealthCheck {
 	return func(ctx context.Context, s State) error {
 		return runCommand(ctx, command, []string{"NATSLOCK_STATE=" + s.String()}, s.String())

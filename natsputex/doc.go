@@ -106,8 +106,9 @@
 //     update at the agent's last revision; on shutdown too, it never re-reads
 //     the key, as tokens (host names) are shared by an agent's restarts.
 //   - putex re-runs the kill and start actions on every stroke; the
-//     Supervisor runs [Service.Stop] once when it starts and then on every
-//     change of phase, and [Service.Start] when it becomes active.
+//     Supervisor runs [Service.Stop] once when Run begins, once each time
+//     the agent stops being active and when Run returns, and
+//     [Service.Start] when it becomes active.
 //   - putex may keep a holder's renewal trying for up to F·R; here a renewal
 //     is bounded by the holder's own validity (T minus the margin), so the
 //     service stops before a standby may take over.

@@ -168,3 +168,89 @@ func TestOptionLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseEndsLeasesAndBlanksKeys: Client.Close ends the client's leases
+// (lock and semaphore slot) with a cause matching both ErrLost and
+// ErrClosed before it returns, blanks their keys, so that another client's
+// TryLock (which never takes a key over from a live-looking holder) gets
+// them right after Close, not T later; and a Lock of the closing client
+// waiting on a name held elsewhere returns with ErrClosed.
+func TestCloseEndsLeasesAndBlanksKeys(t *testing.T) {
+	url, bucket := promiseEnv(t, "close")
+	closing := newTestClient(t, url, bucket)
+	other := newTestClient(t, url, bucket)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	lease, err := closing.Locker().TryLock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem, err := closing.Semaphore(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot, err := sem.TryAcquire(ctx, "pool")
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := other.Locker().TryLock(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = busy.Release(context.Background()) }()
+	waiting := lockBehind(ctx, closing.Locker(), "busy", busy)
+	time.Sleep(2 * testR) // the closing client's Lock waits; its leases renew
+	select {
+	case g := <-waiting:
+		t.Fatalf("the Lock of a name held by another client returned before Close: %v", g.err)
+	default:
+	}
+
+	closed := time.Now()
+	if err := closing.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	for what, l := range map[string]locks.Lease{"lock": lease, "semaphore slot": slot} {
+		if l.Context().Err() == nil {
+			t.Errorf("the %s's lease is live after Close returned", what)
+			continue
+		}
+		cause := context.Cause(l.Context())
+		if !errors.Is(cause, locks.ErrLost) || !errors.Is(cause, locks.ErrClosed) {
+			t.Errorf("the %s's lease ended with %v, want an error matching both ErrLost and ErrClosed", what, cause)
+		}
+	}
+	// Right after Close: well within T = F·R (300ms), and TryLock would
+	// not take over a key still holding the closed client's token anyway.
+	again, err := other.Locker().TryLock(ctx, "job")
+	if err != nil {
+		t.Errorf("TryLock of the closed client's lock right after Close: %v, want the key blanked", err)
+	} else {
+		_ = again.Release(ctx)
+	}
+	otherSem, err := other.Semaphore(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := otherSem.TryAcquire(ctx, "pool"); err != nil {
+		t.Errorf("TryAcquire of the closed client's slot right after Close: %v, want the key blanked", err)
+	} else {
+		_ = again.Release(ctx)
+	}
+	t.Logf("the other client's TryLock and TryAcquire returned %v after Close began (T = %v)", time.Since(closed).Round(time.Millisecond), other.TTL())
+
+	select {
+	case g := <-waiting:
+		t.Logf("the waiting Lock returned %v after Close began: %v", time.Since(closed).Round(time.Millisecond), g.err)
+		if g.err == nil {
+			_ = g.lease.Release(ctx)
+			t.Fatal("the waiting Lock of a name held by another client got it when its client closed")
+		}
+		if !errors.Is(g.err, locks.ErrClosed) {
+			t.Errorf("the waiting Lock returned %v, want an error matching ErrClosed", g.err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the waiting Lock did not return within 2s of Close")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -295,4 +296,68 @@ func TestNatslockHealthCheckState(t *testing.T) {
 		t.Errorf("node-b's service state after SIGINT: %q, want stop", b.p.lastState())
 	}
 	expectBlank(t, url, bucket, key, "after SIGINT of the active node")
+}
+
+// processGone reports whether the process pid has ended: it no longer
+// exists, or it is a zombie waiting for its parent to reap it.
+func processGone(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
+}
+
+// TestNatslockHealthCheckKilledAfterT: a health check that hangs counts
+// as failed after T: the active node stops its service; and the check is
+// killed then, with the processes it started: the hanging command (a
+// child of the check's shell, as in `curl ... || [ "$1" = standby ]`)
+// does not outlive T by more than a small margin.
+func TestNatslockHealthCheckKilledAfterT(t *testing.T) {
+	bin, url, bucket := natslockEnv(t, "natslockhang")
+	const key = "spof-service"
+	dir := t.TempDir()
+	failFile, pidFile := filepath.Join(dir, "fail"), filepath.Join(dir, "pid")
+	// The inner shell writes its pid and becomes sleep; the outer one
+	// waits for it (the exit after it keeps dash from exec'ing it).
+	check := fmt.Sprintf(`if [ "$1" = active ] && [ -e %s ]; then sh -c 'echo $$ > %s; exec sleep 60'; exit 1; fi`, failFile, pidFile)
+	a := startNatslock(t, bin, url, bucket, key, "node-a", "-healthcheck", check)
+	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return a.lastState() == "start" })
+
+	if err := os.WriteFile(failFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pid := 0
+	waitFor(t, 2*testR+time.Second, "the health check hangs in sleep", func() bool {
+		b, _ := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return pid > 0
+	})
+	hung := time.Now()
+	t.Cleanup(func() {
+		if !processGone(pid) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	_ = os.Remove(failFile) // the next checks pass
+
+	T := testF * testR
+	bound := T + testR + 500*time.Millisecond
+	waitFor(t, bound+time.Second, "node-a stops its service while its health check hangs", func() bool { return a.lastState() == "stop" })
+	stopped := time.Since(hung)
+	waitFor(t, bound+2*time.Second, "the hanging health check ends", func() bool { return processGone(pid) })
+	took := time.Since(hung)
+	t.Logf("the service stopped %v and the hanging sleep ended %v after the check began to hang (T = %v)", stopped.Round(time.Millisecond), took.Round(time.Millisecond), T)
+	if took > bound {
+		t.Errorf("the hanging health check's sleep ended %v after it began, want within T + R (+ 500ms) = %v", took, bound)
+	}
+	if !strings.Contains(a.logs(), "health check failed") {
+		t.Errorf("node-a did not log its failed health check")
+	}
+	waitFor(t, 2*time.Second, "node-a starts its service again once its check passes", func() bool { return a.lastState() == "start" })
 }

@@ -521,7 +521,8 @@ func (s *Supervisor) shutdown(ctx context.Context) error {
 	if errs[0] == nil {
 		errs[0] = s.c.closedErr("supervisor " + s.key)
 	}
-	errs = append(errs, s.stopService(ctx, false))
+	// Stop runs when Run returns, also from standby (see [Service.Stop]).
+	errs = append(errs, s.stopService(ctx, true))
 	if rev != 0 {
 		errs = append(errs, s.blank(ctx, rev, s.c.o.ttl()))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -432,5 +433,154 @@ func TestSupervisorShutdownSparesSuccessor(t *testing.T) {
 	}
 	if string(e.Value()) != "node-a" || e.Revision() != succRev {
 		t.Fatalf("after the agent stopped, the key holds %q at revision %d, want the successor's write (revision %d)", e.Value(), e.Revision(), succRev)
+	}
+}
+
+// serviceCalls is a Service that records, in order, the calls of its
+// Start ("start") and Stop ("stop"), and the events it is told of.
+type serviceCalls struct {
+	mu     sync.Mutex
+	calls  []string
+	events []natsputex.Event
+}
+
+func (r *serviceCalls) service(t *testing.T, name string) natsputex.Service {
+	record := func(c string) error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.calls = append(r.calls, c)
+		return nil
+	}
+	return natsputex.Service{
+		Start: func(context.Context) error { return record("start") },
+		Stop:  func(context.Context) error { return record("stop") },
+		Observe: func(e natsputex.Event) {
+			t.Logf("%s: %v", name, e)
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.events = append(r.events, e)
+		},
+	}
+}
+
+func (r *serviceCalls) get() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+// expect waits until the calls recorded number len(want), and fails t
+// unless they are want.
+func (r *serviceCalls) expect(t *testing.T, within time.Duration, when string, want ...string) {
+	t.Helper()
+	start := time.Now()
+	for len(r.get()) < len(want) && time.Since(start) < within {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := r.get(); !slices.Equal(got, want) {
+		t.Fatalf("%s: the service calls are %q, want %q", when, got, want)
+	}
+}
+
+// saw reports whether an event since the n-th matched f.
+func (r *serviceCalls) saw(n int, f func(natsputex.Event) bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.events[min(n, len(r.events)):], f)
+}
+
+func (r *serviceCalls) eventCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.events)
+}
+
+// runSupervisor runs sup until the returned function (also called at
+// cleanup) cancels it; that function returns Run's error.
+func runSupervisor(t *testing.T, sup *natsputex.Supervisor) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx) }()
+	stop = sync.OnceValue(func() error { cancel(); return <-done })
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// TestSupervisorStopOnEveryPhaseChange: Stop runs once when Run begins,
+// before any Start; once whenever the agent stops being active (a failed
+// health check, another token in the key), before the next Start, and not
+// again on every stroke while it stays standby; and when Run returns,
+// whether the agent was active or standby.
+func TestSupervisorStopOnEveryPhaseChange(t *testing.T) {
+	url, bucket, key := supervisorEnv(t)
+	kv := mustBucket(t, url, bucket)
+	var failHC atomic.Bool
+	c := newTestClient(t, url, bucket, natsputex.WithHealthCheck(func(_ context.Context, s natsputex.State) error {
+		if s == natsputex.Active && failHC.Load() {
+			return errors.New("unhealthy (test)")
+		}
+		return nil
+	}))
+	rec := &serviceCalls{}
+	sup, err := c.Supervisor(key, "node-a", rec.service(t, "node-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSupervisor(t, sup)
+	rec.expect(t, 5*time.Second, "Run began on a free key", "stop", "start")
+
+	// A failed health check: standby, Stop once, however many strokes
+	// fail their check (the blank key is free: each stroke tries).
+	failHC.Store(true)
+	rec.expect(t, 2*testR+time.Second, "the health check failed", "stop", "start", "stop")
+	time.Sleep(5 * testR)
+	rec.expect(t, 0, "five more strokes with a failing health check", "stop", "start", "stop")
+	if p := sup.Phase(); p != natsputex.PhaseStandby {
+		t.Fatalf("phase with a failing health check: %v, want standby", p)
+	}
+	failHC.Store(false)
+	rec.expect(t, 2*testR+time.Second, "the health check passed again", "stop", "start", "stop", "start")
+
+	// Another token in the key: Stop at once; after T of silence the
+	// agent takes the key over, confirms, and starts again.
+	n := rec.eventCount()
+	if _, err := kv.Put(context.Background(), key, []byte("intruder")); err != nil {
+		t.Fatal(err)
+	}
+	rec.expect(t, 2*testR+time.Second, "another token in the key", "stop", "start", "stop", "start", "stop")
+	rec.expect(t, handoverBound+time.Second, "the key was taken back", "stop", "start", "stop", "start", "stop", "start")
+	if !rec.saw(n, func(e natsputex.Event) bool { return e.Phase == natsputex.PhaseConfirming }) {
+		t.Error("the agent took the key back without confirming it")
+	}
+
+	// Run returns while active.
+	if err := stop(); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run = %v, want context.Canceled", err)
+	}
+	rec.expect(t, 0, "Run returned while active", "stop", "start", "stop", "start", "stop", "start", "stop")
+
+	// Run returns while standby: another client holds the key.
+	holder, err := newTestClient(t, url, bucket).Locker().TryLock(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Release(context.Background()) }()
+	rec2 := &serviceCalls{}
+	sup2, err := c.Supervisor(key, "node-a", rec2.service(t, "node-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop2 := runSupervisor(t, sup2)
+	waitFor(t, 5*time.Second, "the agent sees the key held by another", func() bool {
+		return rec2.saw(0, func(e natsputex.Event) bool { return e.Phase == natsputex.PhaseStandby && e.Holder != "" })
+	})
+	time.Sleep(2 * testR) // a few strokes as standby; the holder renews
+	rec2.expect(t, 0, "standby", "stop")
+	if err := stop2(); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run = %v, want context.Canceled", err)
+	}
+	rec2.expect(t, 0, "Run returned while standby", "stop", "stop")
+	if holder.Context().Err() != nil {
+		t.Errorf("the other client's lease ended while the agent was standby: %v", context.Cause(holder.Context()))
 	}
 }
