@@ -212,12 +212,21 @@ func (r *raw) waitBound(exchange, key string) {
 	}
 }
 
-// lockAfterRelease has holder TryLock name and waiter Lock it; once
-// waiting returns (the waiter waits), and the waiter has had the time to
-// go to sleep, holder releases it. It returns how long after the Release
-// the waiter's Lock returned holding name.
-func lockAfterRelease(t *testing.T, holder, waiter *amqpsem.Mutex, name string, waiting func()) time.Duration {
+// checkWoken has a holder's Mutex TryLock name and a waiter's, with
+// slowBackoff, Lock it; once waiting returns (the waiter waits), and the
+// waiter has had the time to go to sleep, the holder releases it. The
+// waiter's Lock must hold name within wakeBound of the Release: it was
+// woken, it did not poll.
+func checkWoken(t *testing.T, u, name string, waiting func()) {
 	t.Helper()
+	holder, err := dial(t, u).Mutex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := dial(t, u, amqpsem.WithBackoff(slowBackoff)).Mutex()
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := tctx(t)
 	lease, err := holder.TryLock(ctx, name)
 	if err != nil {
@@ -251,7 +260,11 @@ func lockAfterRelease(t *testing.T, holder, waiter *amqpsem.Mutex, name string, 
 	if err := res.lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return res.at.Sub(released)
+	took := res.at.Sub(released)
+	t.Logf("the waiter held %v after the Release (back-off %v)", took.Round(time.Millisecond), slowBackoff.Min)
+	if took > wakeBound {
+		t.Errorf("the waiter held %v after the Release: not woken (its back-off is %v)", took, slowBackoff.Min)
+	}
 }
 
 // TestMutexReleaseWakesWaiter: a Release wakes a Mutex waiter of another
@@ -263,21 +276,9 @@ func TestMutexReleaseWakesWaiter(t *testing.T) {
 	r := rawConn(t, u)
 	wq := "amqpsem.wake." + name
 	t.Cleanup(func() { r.delete(wq) }) // after the clients closed
-	holder, err := dial(t, u).Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiter, err := dial(t, u, amqpsem.WithBackoff(slowBackoff)).Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	took := lockAfterRelease(t, holder, waiter, name, func() {
+	checkWoken(t, u, name, func() {
 		r.waitConsumers(wq, 1) // the waiter takes turns
 	})
-	t.Logf("the waiter held %v after the Release (back-off %v)", took.Round(time.Millisecond), slowBackoff.Min)
-	if took > wakeBound {
-		t.Errorf("the waiter held %v after the Release: not woken (its back-off is %v)", took, slowBackoff.Min)
-	}
 }
 
 // TestMutexWakeFallback: when the name's shared wake queue cannot be
@@ -305,21 +306,9 @@ func TestMutexWakeFallback(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { r.delete(wq) }) // after the clients closed
-			holder, err := dial(t, u).Mutex()
-			if err != nil {
-				t.Fatal(err)
-			}
-			waiter, err := dial(t, u, amqpsem.WithBackoff(slowBackoff)).Mutex()
-			if err != nil {
-				t.Fatal(err)
-			}
-			took := lockAfterRelease(t, holder, waiter, name, func() {
+			checkWoken(t, u, name, func() {
 				r.waitBound("amq.direct", name) // the waiter's fan-out queue
 			})
-			t.Logf("the waiter held %v after the Release (back-off %v)", took.Round(time.Millisecond), slowBackoff.Min)
-			if took > wakeBound {
-				t.Errorf("the waiter held %v after the Release: not woken (its back-off is %v)", took, slowBackoff.Min)
-			}
 			// The stranger's queue is as it was, and nobody consumed it:
 			// the waiter was woken by fan-out, not by turns.
 			ch, err := r.conn.Channel()

@@ -66,15 +66,7 @@ func startClusters(t testing.TB, n int) []string {
 // newClusterClient returns a go-redis cluster client for the cluster whose
 // node is at addr, configured as newRedis configures single clients.
 func newClusterClient(addr string) *redis.ClusterClient {
-	return redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:                 []string{addr},
-		ContextTimeoutEnabled: true,
-		MaxRetries:            -1,
-		DialTimeout:           time.Second,
-		ReadTimeout:           2 * time.Second,
-		WriteTimeout:          2 * time.Second,
-		PoolSize:              32,
-	})
+	return redis.NewClusterClient(clientOptions(addr).Cluster())
 }
 
 // clusterLocker makes a Locker over its own cluster clients, one per

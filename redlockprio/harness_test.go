@@ -26,15 +26,21 @@ const (
 // them: calls bounded by their contexts, no retries (a test that kills a
 // master wants to see it fail at once).
 func newRedis(addr string) *redis.Client {
-	return redis.NewClient(&redis.Options{
-		Addr:                  addr,
+	return redis.NewClient(clientOptions(addr).Simple())
+}
+
+// clientOptions are the options of the tests' clients of the master (or
+// one-node cluster) at addr.
+func clientOptions(addr string) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
+		Addrs:                 []string{addr},
 		ContextTimeoutEnabled: true,
 		MaxRetries:            -1,
 		DialTimeout:           time.Second,
 		ReadTimeout:           2 * time.Second,
 		WriteTimeout:          2 * time.Second,
 		PoolSize:              32,
-	})
+	}
 }
 
 // harness runs the conformance suite on masters started once per test
