@@ -116,6 +116,10 @@ func testFencing(t testing.TB, nh NewHarness) {
 	}
 }
 
+// tryLockAtOnce bounds two failing TryLocks: a few round trips each,
+// with room for a loaded machine and the race detector.
+const tryLockAtOnce = 2 * time.Second
+
 // testTryLockHeld: TryLock of a held name fails at once with
 // ErrNotAcquired, from another client and from the holder's own (leases
 // are not reentrant).
@@ -125,8 +129,14 @@ func testTryLockHeld(t testing.TB, nh NewHarness) {
 	name := e.name()
 	a, b := e.locker(), e.locker()
 	lease := e.mustTryLock(a, name)
+	start := time.Now()
 	e.expectHeld(b, name, "while another client holds the name")
 	e.expectHeld(a, name, "from the holder's own client (leases are not reentrant)")
+	// "At once": a TryLock does not wait for the holder (whose lease is
+	// renewed, so waiting would last until the op timeout).
+	if took := time.Since(start); took > tryLockAtOnce {
+		t.Errorf("two TryLocks of a held name took %v, want under %v: TryLock must not wait", took, tryLockAtOnce)
+	}
 	if err := context.Cause(lease.Context()); err != nil {
 		t.Fatalf("the holder's lease ended after failed TryLocks: %v", err)
 	}

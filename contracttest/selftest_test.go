@@ -43,6 +43,21 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 		},
 		caught: []string{"MutualExclusion", "TryLockHeld", "LockWaitsForRelease", "StaleRelease"},
 	}, {
+		name: "TryLock waits before it fails",
+		breaks: func(h *memHarness) {
+			h.breakClient = func(_ *memHarness, c *memClient) {
+				try := c.locker.TryLock
+				c.locker = lockerFunc{lock: c.locker.Lock, tryLock: func(ctx context.Context, name string) (locks.Lease, error) {
+					l, err := try(ctx, name)
+					if errors.Is(err, locks.ErrNotAcquired) {
+						time.Sleep(tryLockAtOnce)
+					}
+					return l, err
+				}}
+			}
+		},
+		caught: []string{"TryLockHeld"},
+	}, {
 		name: "stale fencing token",
 		breaks: func(h *memHarness) {
 			h.breakClient = func(_ *memHarness, c *memClient) {
