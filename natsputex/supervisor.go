@@ -367,11 +367,23 @@ func (s *Supervisor) activate(ctx context.Context, rev uint64) {
 func (s *Supervisor) abort(ctx context.Context, why string, cause error) {
 	_, rev := s.holding()
 	s.disarm(PhaseStandby)
+	what := ": service not started" // a check failed before Start
+	if s.serviceUp() {
+		what = ": service stopped"
+	}
 	errs := []error{cause, s.stopService(ctx, false)}
 	if rev != 0 {
 		errs = append(errs, s.blank(ctx, rev, s.c.o.renew))
 	}
-	s.event(PhaseStandby, why+": service stopped", errors.Join(errs...))
+	s.event(PhaseStandby, why+what, errors.Join(errs...))
+}
+
+// serviceUp says whether the service may be running: Start was called
+// and Stop has not been since.
+func (s *Supervisor) serviceUp() bool {
+	s.svcMu.Lock()
+	defer s.svcMu.Unlock()
+	return s.up
 }
 
 // blank makes one attempt, bounded by timeout, to blank the key at rev,
