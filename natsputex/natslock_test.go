@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
 	"github.com/latchkey-go/latchkey/natsputex"
 )
@@ -360,4 +362,268 @@ func TestNatslockHealthCheckKilledAfterT(t *testing.T) {
 		t.Errorf("node-a did not log its failed health check")
 	}
 	waitFor(t, 2*time.Second, "node-a starts its service again once its check passes", func() bool { return a.lastState() == "start" })
+}
+
+// serviceEvent is one run of a test service's start or stop command:
+// what it did and when, by the clock of the machine (nanoseconds from
+// date +%s%N, read by the command itself).
+type serviceEvent struct {
+	node, kind string // kind is "start" or "stop"
+	at         time.Time
+}
+
+// timedService returns the -start and -stop flags of a service whose
+// commands append "start <unix ns>" or "stop <unix ns>" to a file, and a
+// function that reads what they wrote. It skips the test if date cannot
+// print nanoseconds.
+func timedService(t *testing.T, node string) (flags []string, events func() []serviceEvent) {
+	t.Helper()
+	out, err := exec.Command("/bin/sh", "-c", "date +%s%N").Output()
+	if ns, perr := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64); err != nil || perr != nil || ns < 1e18 {
+		t.Skipf("the service commands time themselves with date +%%s%%N, which printed %q (%v)", out, err)
+	}
+	file := filepath.Join(t.TempDir(), "service")
+	flags = []string{
+		"-start", fmt.Sprintf(`echo "start $(date +%%s%%N)" >> '%s'`, file),
+		"-stop", fmt.Sprintf(`echo "stop $(date +%%s%%N)" >> '%s'`, file),
+	}
+	events = func() []serviceEvent {
+		b, _ := os.ReadFile(file)
+		var evs []serviceEvent
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 {
+				continue
+			}
+			ns, err := strconv.ParseInt(f[len(f)-1], 10, 64)
+			if len(f) != 2 || err != nil || f[0] != "start" && f[0] != "stop" {
+				t.Fatalf("%s's service file has a line %q, want start or stop and a time", node, line)
+			}
+			evs = append(evs, serviceEvent{node: node, kind: f[0], at: time.Unix(0, ns)})
+		}
+		return evs
+	}
+	return flags, events
+}
+
+// lastEvent returns the last of evs of kind, and whether there is one.
+func lastEvent(evs []serviceEvent, kind string) (serviceEvent, bool) {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].kind == kind {
+			return evs[i], true
+		}
+	}
+	return serviceEvent{}, false
+}
+
+// checkNoOverlap fails the test if, by the times the service commands
+// wrote, one node's service started while another's was up (started and
+// not stopped since).
+func checkNoOverlap(t *testing.T, evs ...[]serviceEvent) {
+	t.Helper()
+	var all []serviceEvent
+	for _, e := range evs {
+		all = append(all, e...)
+	}
+	slices.SortStableFunc(all, func(a, b serviceEvent) int { return a.at.Compare(b.at) })
+	up := map[string]time.Time{}
+	for _, e := range all {
+		if e.kind == "stop" {
+			delete(up, e.node)
+			continue
+		}
+		for other, since := range up {
+			if other != e.node {
+				t.Errorf("%s started its service at %s while %s's, started at %s, was up",
+					e.node, e.at.Format("15:04:05.000000"), other, since.Format("15:04:05.000000"))
+			}
+		}
+		up[e.node] = e.at
+	}
+}
+
+// keyWrite is a write to a key seen by a test's watch.
+type keyWrite struct {
+	rev     uint64
+	value   string
+	created time.Time // the broker's time of the write (same machine)
+	seen    time.Time // when the watch delivered it
+}
+
+// keyWrites watches key and returns a function that lists the writes
+// seen so far; the watch stops at cleanup.
+func keyWrites(t *testing.T, url, bucket, key string) func() []keyWrite {
+	t.Helper()
+	kw, err := mustBucket(t, url, bucket).Watch(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var writes []keyWrite
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for e := range kw.Updates() {
+			if e != nil {
+				mu.Lock()
+				writes = append(writes, keyWrite{e.Revision(), string(e.Value()), e.Created(), time.Now()})
+				mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() { _ = kw.Stop(); <-done }) // before mustBucket's close
+	return func() []keyWrite {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(writes)
+	}
+}
+
+// lastWriteBy returns the last of writes whose value is token and that
+// the broker stored no later than before, and whether there is one.
+func lastWriteBy(writes []keyWrite, token string, before time.Time) (keyWrite, bool) {
+	for i := len(writes) - 1; i >= 0; i-- {
+		if w := writes[i]; w.value == token && !w.created.After(before) {
+			return w, true
+		}
+	}
+	return keyWrite{}, false
+}
+
+// TestNatslockCutOff: the active natslock (node-a, connected through a
+// proxy) is cut off from NATS by a black hole. It begins to stop its
+// service T − margin after its last successful renewal, before T; the
+// standby (node-b) starts its service no sooner than T + C·R after that
+// renewal, within a bound, and after node-a's service stopped. Healed,
+// node-a reconnects, finds node-b's token in the key and stays standby;
+// the two services never overlap. Times of the services are those their
+// start and stop commands wrote; times of the renewals are the broker's,
+// seen by a watch of the test's (the broker runs in the test's process).
+func TestNatslockCutOff(t *testing.T) {
+	bin, url, bucket := natslockEnv(t, "natslockcut")
+	const key = "spof-service"
+	const (
+		T      = testF * testR
+		margin = testR // above the default R/2: the stop command's own start-up fits under T
+		slack  = 30 * time.Millisecond
+	)
+	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
+	writes := keyWrites(t, url, bucket, key)
+	aFlags, aEvents := timedService(t, "node-a")
+	bFlags, bEvents := timedService(t, "node-b")
+	running := func(evs func() []serviceEvent) func() bool {
+		return func() bool {
+			e := evs()
+			return len(e) > 0 && e[len(e)-1].kind == "start"
+		}
+	}
+
+	a := startNatslock(t, bin, "nats://"+proxy.Addr(), bucket, key, "node-a", append(aFlags, "-margin", margin.String())...)
+	waitFor(t, 10*time.Second, "node-a starts its service", running(aEvents))
+	b := startNatslock(t, bin, url, bucket, key, "node-b", bFlags...)
+	waitFor(t, 10*time.Second, "node-b is standby", func() bool { return strings.Contains(b.logs(), "standby: the key is held") })
+	aStart, _ := lastEvent(aEvents(), "start")
+
+	// Cut halfway between two renewals: the last one's answer has long
+	// come back, the next one is not yet sent.
+	var cut time.Time
+	waitFor(t, 5*time.Second, "a renewal of node-a to cut after", func() bool {
+		w, ok := lastWriteBy(writes(), "node-a", time.Now())
+		if !ok || time.Since(w.seen) > testR/4 {
+			return false
+		}
+		time.Sleep(time.Until(w.seen.Add(testR / 2)))
+		if next, _ := lastWriteBy(writes(), "node-a", time.Now()); next.rev != w.rev {
+			return false // overslept: try the next one
+		}
+		proxy.BlackHole()
+		cut = time.Now()
+		return true
+	})
+
+	waitFor(t, T+time.Second, "the cut-off node-a stops its service", func() bool { return !running(aEvents)() })
+	waitFor(t, handoverBound+time.Second, "node-b starts its service", running(bEvents))
+	aStop, _ := lastEvent(aEvents(), "stop")
+	bStart, _ := lastEvent(bEvents(), "start")
+	// The last write stored with node-a's token: node-a's last successful
+	// write began no later. One stored well before the cut was surely
+	// answered: node-a's last successful write began no earlier (but for
+	// the time its request took to reach the broker).
+	last, ok := lastWriteBy(writes(), "node-a", bStart.at)
+	if !ok {
+		t.Fatal("the watch saw no write of node-a")
+	}
+	answered, ok := lastWriteBy(writes(), "node-a", cut.Add(-testR/4))
+	if !ok {
+		t.Fatal("the watch saw no write of node-a well before the cut")
+	}
+	if last.rev != answered.rev {
+		t.Logf("a renewal reached the broker just before the cut (revision %d, %v before it)", last.rev, cut.Sub(last.created).Round(time.Millisecond))
+	}
+	stopAfter, bAfter := aStop.at.Sub(last.created), bStart.at.Sub(last.created)
+	t.Logf("node-a's last renewal was stored %v before the cut; node-a began to stop its service %v after it (T − margin = %v, T = %v), node-b started its service %v after it (T + C·R = %v)",
+		cut.Sub(last.created).Round(time.Millisecond), stopAfter.Round(time.Millisecond), T-margin, T,
+		bAfter.Round(time.Millisecond), T+testC*testR)
+
+	if !aStop.at.After(aStart.at) {
+		t.Fatalf("node-a did not stop its service after the cut (its last stop at %v, its start at %v)", aStop.at, aStart.at)
+	}
+	if early := answered.created.Add(T - margin - slack); aStop.at.Before(early) {
+		t.Errorf("node-a began to stop its service %v after its last answered renewal, before T − margin = %v (less %v of slack)",
+			aStop.at.Sub(answered.created), T-margin, slack)
+	}
+	if stopAfter >= T {
+		t.Errorf("node-a began to stop its service %v after its last renewal, not before T = %v: a standby may take over by then", stopAfter, T)
+	}
+	if bAfter < T+testC*testR {
+		t.Errorf("node-b started its service %v after node-a's last renewal, before T + C·R = %v", bAfter, T+testC*testR)
+	}
+	if bAfter > handoverBound {
+		t.Errorf("node-b started its service %v after node-a's last renewal, later than %v", bAfter, handoverBound)
+	}
+	if !bStart.at.After(aStop.at) {
+		t.Errorf("node-b started its service at %s, not after node-a's stopped at %s",
+			bStart.at.Format("15:04:05.000000"), aStop.at.Format("15:04:05.000000"))
+	}
+	// node-a logs the stop once its attempt to blank the key has failed.
+	waitFor(t, T+time.Second, "node-a logs why it stopped its service", func() bool {
+		l := a.logs()
+		return strings.Contains(l, "no successful write for T minus the safety margin") || strings.Contains(l, "write failed")
+	})
+	checkNoOverlap(t, aEvents(), bEvents())
+
+	// Healed, node-a reconnects and finds node-b's token in the key (or,
+	// wrongly, takes the key back: the checks below say so).
+	proxy.Restore()
+	healed := time.Now()
+	sawB := func() bool {
+		for _, line := range strings.Split(a.logs(), "\n") {
+			if strings.Contains(line, "standby: the key is held") && strings.Contains(line, `holder="node-b"`) {
+				return true
+			}
+		}
+		return false
+	}
+	waitFor(t, 5*time.Second, "the healed node-a reconnects", func() bool {
+		e, _ := lastEvent(aEvents(), "start")
+		return sawB() || !e.at.Equal(aStart.at)
+	})
+	if sawB() {
+		t.Logf("node-a saw node-b in the key %v after the proxy was healed", time.Since(healed).Round(time.Millisecond))
+	}
+	time.Sleep(3 * testR)
+	aEv, bEv := aEvents(), bEvents()
+	if e, _ := lastEvent(aEv, "start"); !e.at.Equal(aStart.at) {
+		t.Errorf("node-a started its service again at %s after the cut", e.at.Format("15:04:05.000000"))
+	}
+	if !running(bEvents)() {
+		t.Errorf("node-b's service is not running after node-a came back")
+	}
+	for _, w := range writes() {
+		if w.value == "node-a" && w.rev > last.rev {
+			t.Errorf("node-a wrote its token again after it was cut off (revision %d)", w.rev)
+			break
+		}
+	}
+	checkNoOverlap(t, aEv, bEv)
 }
