@@ -3,11 +3,14 @@ package redlockprio_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/locks"
@@ -510,5 +513,116 @@ func TestSemaphoreTheftInLosingSlotTellsVictim(t *testing.T) {
 	defer l2.Release(ctx)
 	if victim.Context().Err() == nil {
 		t.Fatal("another client got slot 1 while its displaced holder still believed it held it")
+	}
+}
+
+// TestThiefRenewsWhileWaiting: a thief waiting for an unreachable
+// victim's validity to run out keeps renewing its own keys. The victim's
+// TTL is several of the thief's, so that keys the thief did not renew
+// while it waits would expire long before it returns. Sampled on every
+// master over the wait, the thief's key stays the thief's, its PTTL goes
+// back up at (about) every renewal and never runs out; and Lock returns
+// with keys that have most of a TTL left.
+func TestThiefRenewsWhileWaiting(t *testing.T) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	const victimTTL = 2 * time.Second
+	low := mustProxied(t, addrs, redlockprio.WithPriority(1),
+		redlockprio.WithTTL(victimTTL), redlockprio.WithRenewInterval(600*time.Millisecond))
+	high := mustClient(t, addrs, redlockprio.WithPriority(5))
+	name := uniqueName(t)
+	key := "latchkey:{" + name + "}:1"
+	ctx := ctxFor(t, 10*time.Second)
+	victim, err := low.l.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	low.cut() // the victim cannot acknowledge: the thief waits out its validity
+	vDeadline := victim.(*redlockprio.Lease).Deadline()
+	rcs := make([]*redis.Client, len(addrs))
+	for i, a := range addrs {
+		rcs[i] = newRedis(a)
+		t.Cleanup(func() { _ = rcs[i].Close() })
+	}
+	type outcome struct {
+		lease locks.Lease
+		err   error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		l, err := high.l.Lock(ctx, name)
+		done <- outcome{l, err}
+	}()
+	waitForHolder(t, addrs, name, high.l.ID()) // the theft is done: the wait begins
+	waitStart := time.Now()
+	thiefOf := func(id string) bool { return strings.HasPrefix(id, high.l.ID()+":") }
+	var (
+		prev   = make([]time.Duration, len(addrs))
+		lowest = make([]time.Duration, len(addrs))
+		rises  = make([]int, len(addrs))
+		broken = make([]string, len(addrs)) // the first sample that broke the promise
+		res    outcome
+	)
+	for i := range addrs {
+		prev[i], lowest[i] = testTTL, testTTL
+	}
+	sample := func(i int) (string, time.Duration) {
+		pipe := rcs[i].Pipeline()
+		id := pipe.HGet(ctx, key, "id")
+		pttl := pipe.PTTL(ctx, key)
+		_, _ = pipe.Exec(ctx)
+		if err := pttl.Err(); err != nil {
+			t.Fatalf("PTTL on master %d: %v", i, err)
+		}
+		return id.Val(), pttl.Val() // PTTL -2 when the key is gone
+	}
+	for waiting := true; waiting; {
+		select {
+		case res = <-done:
+			waiting = false
+			continue
+		default:
+		}
+		for i := range addrs {
+			id, d := sample(i)
+			if broken[i] == "" && (!thiefOf(id) || d <= 0) {
+				broken[i] = fmt.Sprintf("%v into the wait: key held by %q, PTTL %v", time.Since(waitStart).Round(time.Millisecond), id, d)
+			}
+			if d > prev[i] {
+				rises[i]++
+			}
+			prev[i], lowest[i] = d, min(lowest[i], d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waited := time.Since(waitStart)
+	if res.err != nil {
+		t.Fatalf("the thief's Lock: %v", res.err)
+	}
+	defer res.lease.Release(ctx)
+	if time.Now().Before(vDeadline) {
+		t.Fatalf("the thief got the lock %v before the unreachable victim's validity deadline", time.Until(vDeadline))
+	}
+	if waited < 3*testTTL {
+		t.Fatalf("the thief waited %v only: too short to tell whether it renewed (TTL %v)", waited, testTTL)
+	}
+	// About one renewal per interval: half as many is a generous bound.
+	want := int(waited/testRenew) / 2
+	for i := range addrs {
+		t.Logf("master %d: over a wait of %v, PTTL went up %d times, lowest %v", i, waited.Round(time.Millisecond), rises[i], lowest[i])
+		if broken[i] != "" {
+			t.Errorf("master %d: the waiting thief's key ran out: %s", i, broken[i])
+		}
+		if rises[i] < want {
+			t.Errorf("master %d: the thief's PTTL went up %d times in a wait of %v, want at least %d (renewal interval %v)",
+				i, rises[i], waited.Round(time.Millisecond), want, testRenew)
+		}
+		// Lock returns holding keys renewed within about one interval.
+		if id, d := sample(i); id != res.lease.(*redlockprio.Lease).HolderID() || d < testTTL-testRenew-theftMargin {
+			t.Errorf("master %d: after Lock returned, key held by %q with PTTL %v, want the thief %q with at least %v",
+				i, id, d, res.lease.(*redlockprio.Lease).HolderID(), testTTL-testRenew-theftMargin)
+		}
+	}
+	if err := context.Cause(res.lease.Context()); err != nil {
+		t.Errorf("the thief's lease ended: %v", err)
 	}
 }

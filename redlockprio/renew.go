@@ -111,9 +111,14 @@ func (l *Locker) renewBatch(batch []*Lease, tokens []uint64) {
 		}
 		return true
 	}
+	// The calls run on a context of their own, until the same limit,
+	// which the round's end does not cancel: a master still at work when
+	// the others have decided the round (one that answered NOSCRIPT and
+	// reloads the script, say) renews its keys all the same.
+	calls, callsDone := context.WithDeadline(context.Background(), limit)
 	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
 		return renewPipeline(ctx, m, batch, tokens, ttlMS)
-	}, fan{enough: allRenewed})
+	}, fan{enough: allRenewed, calls: calls, done: callsDone})
 	deadline := l.deadlineFor(start)
 	for i, e := range batch {
 		ok, pre, gone := 0, 0, 0
