@@ -1135,3 +1135,43 @@ func TestProbesExpireAtOnce(t *testing.T) {
 		t.Errorf("%q holds %d messages after an acquire and its verifications: probes did not expire", a1, n)
 	}
 }
+
+// TestWithCreate: a Semaphore made WithCreate(n) creates a missing
+// semaphore of n slots on its first acquire (and takes slot 1); an
+// existing semaphore keeps its size; without WithCreate an acquire of a
+// missing semaphore fails with ErrNoSlots and creates nothing.
+func TestWithCreate(t *testing.T) {
+	u, _ := amqpURL(t)
+	ctx := tctx(t)
+	c := dial(t, u)
+	r := rawConn(t, u)
+
+	missing := uniqueName(t, u)
+	if _, err := semaphore(t, c).TryAcquire(ctx, missing); !errors.Is(err, amqpsem.ErrNoSlots) {
+		t.Fatalf("TryAcquire without WithCreate of a missing semaphore = %v, want ErrNoSlots", err)
+	}
+	checkSlots(t, r, missing, 0)
+
+	name := uniqueName(t, u)
+	s := semaphore(t, c, amqpsem.WithCreate(2))
+	l, err := s.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatalf("TryAcquire WithCreate(2) of a missing semaphore: %v", err)
+	}
+	if slot := l.(*amqpsem.Lease).Slot(); slot != 1 {
+		t.Errorf("the creating acquire got slot %d, want 1", slot)
+	}
+	checkSlots(t, r, name, 2)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another client asking for 3 finds the semaphore and leaves its size.
+	if l, err = semaphore(t, dial(t, u), amqpsem.WithCreate(3)).TryAcquire(ctx, name); err != nil {
+		t.Fatalf("TryAcquire WithCreate(3) of the 2-slot semaphore: %v", err)
+	}
+	checkSlots(t, r, name, 2)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
