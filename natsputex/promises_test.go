@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/latchkey-go/latchkey/contracttest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
@@ -279,5 +282,61 @@ func TestSupervisorStartFails(t *testing.T) {
 	mu.Unlock()
 	if !slices.Equal(first, []string{"stop", "start", "stop"}) {
 		t.Errorf("node-a's service calls began %q, want stop (Run begins), start, stop (Start failed)", first)
+	}
+}
+
+// TestShortValidityRenewsOften: a holder renews every R, unless its
+// validity T − margin is shorter than 2R; it then renews every
+// (T − margin)/2, so that one late renewal does not end the lease
+// (F = 1, R = 200ms: T − margin = 100ms, a renewal every 50ms). The
+// writes are counted by a watch on the bucket for one second.
+func TestShortValidityRenewsOften(t *testing.T) {
+	url, bucket := promiseEnv(t, "cadence")
+	kv := mustBucket(t, url, bucket)
+	for _, tc := range []struct {
+		what     string
+		opts     []natsputex.Option
+		interval time.Duration
+	}{
+		{"F=3 R=100ms: every R", []natsputex.Option{natsputex.WithRenewInterval(100 * time.Millisecond), natsputex.WithFailureThreshold(3)}, 100 * time.Millisecond},
+		{"F=1 R=200ms: every (T-margin)/2", []natsputex.Option{natsputex.WithRenewInterval(200 * time.Millisecond), natsputex.WithFailureThreshold(1)}, 50 * time.Millisecond},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			name := "cadence-" + strconv.Itoa(int(tc.interval/time.Millisecond))
+			lease, err := newTestClient(t, url, bucket, tc.opts...).Locker().TryLock(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = lease.Release(ctx) }()
+			w, err := kv.Watch(ctx, name, jetstream.UpdatesOnly())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = w.Stop() }()
+			const window = time.Second
+			end := time.After(window)
+			writes := 0
+		count:
+			for {
+				select {
+				case e := <-w.Updates():
+					if e != nil {
+						writes++
+					}
+				case <-end:
+					break count
+				}
+			}
+			if err := context.Cause(lease.Context()); err != nil {
+				t.Fatalf("the lease ended while it was renewed: %v", err)
+			}
+			want := int(window / tc.interval)
+			t.Logf("%d renewals in %v (one every %v would be %d)", writes, window, tc.interval, want)
+			if writes < want*6/10 || writes > want*14/10 {
+				t.Errorf("%d renewals in %v, want about %d (one every %v)", writes, window, want, tc.interval)
+			}
+		})
 	}
 }
