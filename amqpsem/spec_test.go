@@ -1039,17 +1039,9 @@ func TestHolderQueueArguments(t *testing.T) {
 	if held.Queue() != mutexName {
 		t.Fatalf("mutex queue %q, want %q", held.Queue(), mutexName)
 	}
-	declare := func(q string, args amqp.Table) error {
-		ch, err := c.ConnForTest().Channel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ch.Close()
-		_, err = ch.QueueDeclare(q, false, false, true, false, args)
-		return err
-	}
+	own := &raw{t: t, conn: c.ConnForTest()} // closed with c
 	for _, q := range []string{slot.Queue(), held.Queue()} {
-		if err := declare(q, amqp.Table{"x-max-length": int32(0)}); err != nil {
+		if err := own.declare(q, false, true, maxLen0); err != nil {
 			t.Errorf("%q is not an exclusive queue with x-max-length 0 and no other argument: %v", q, err)
 		}
 		for what, args := range map[string]amqp.Table{
@@ -1057,11 +1049,11 @@ func TestHolderQueueArguments(t *testing.T) {
 			"x-max-length 1": {"x-max-length": int32(1)},
 			"x-expires too":  {"x-max-length": int32(0), "x-expires": int32(60000)},
 		} {
-			if err := declare(q, args); codeOf(err) != amqp.PreconditionFailed {
+			if err := own.declare(q, false, true, args); codeOf(err) != amqp.PreconditionFailed {
 				t.Errorf("a declare of %q with %s gave %v, want PRECONDITION_FAILED", q, what, err)
 			}
 		}
-		if err := r.declare(q, false, true, amqp.Table{"x-max-length": int32(0)}); codeOf(err) != amqp.ResourceLocked {
+		if err := r.declare(q, false, true, maxLen0); codeOf(err) != amqp.ResourceLocked {
 			t.Errorf("a declare of %q from another connection gave %v, want RESOURCE_LOCKED (exclusive)", q, err)
 		}
 	}

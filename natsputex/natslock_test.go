@@ -35,7 +35,7 @@ func buildNatslock(t *testing.T) string {
 }
 
 // lockProc is a natslock child process whose start and stop commands
-// append to a file.
+// append "start" or "stop" and the time to a file.
 type lockProc struct {
 	name  string
 	cmd   *exec.Cmd
@@ -57,15 +57,59 @@ func (p *lockProc) logs() string {
 	return p.log.String()
 }
 
-// lastState returns the last line the service commands wrote: "start",
-// "stop" or "".
+// lastState returns what the service commands did last: "start", "stop"
+// or "".
 func (p *lockProc) lastState() string {
 	b, _ := os.ReadFile(p.state)
-	lines := strings.Fields(string(b))
-	if len(lines) == 0 {
-		return ""
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	kind, _, _ := strings.Cut(lines[len(lines)-1], " ")
+	return kind
+}
+
+// serviceEvent is one run of a service command: "start" or "stop", and
+// when, by the machine's clock (date +%s%N, run by the command itself).
+type serviceEvent struct {
+	node, kind string
+	at         time.Time
+}
+
+// events returns the runs of p's service commands, in order; tests that
+// call it call requireNanoDate first.
+func (p *lockProc) events(t *testing.T) []serviceEvent {
+	t.Helper()
+	b, _ := os.ReadFile(p.state)
+	var evs []serviceEvent
+	for line := range strings.Lines(string(b)) {
+		kind, at, _ := strings.Cut(strings.TrimSpace(line), " ")
+		ns, err := strconv.ParseInt(at, 10, 64)
+		if err != nil || kind != "start" && kind != "stop" {
+			t.Fatalf("%s's service file has a line %q, want start or stop and a time", p.name, line)
+		}
+		evs = append(evs, serviceEvent{node: p.name, kind: kind, at: time.Unix(0, ns)})
 	}
-	return lines[len(lines)-1]
+	return evs
+}
+
+// last returns the last run of p's service command kind (zero: none).
+func (p *lockProc) last(t *testing.T, kind string) serviceEvent {
+	t.Helper()
+	evs := p.events(t)
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].kind == kind {
+			return evs[i]
+		}
+	}
+	return serviceEvent{}
+}
+
+// requireNanoDate skips t unless date +%s%N prints nanoseconds (BSD's
+// date does not): the service commands time themselves with it.
+func requireNanoDate(t *testing.T) {
+	t.Helper()
+	out, err := exec.Command("/bin/sh", "-c", "date +%s%N").Output()
+	if ns, perr := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64); err != nil || perr != nil || ns < 1e18 {
+		t.Skipf("the service commands time themselves with date +%%s%%N, which printed %q (%v)", out, err)
+	}
 }
 
 // startNatslock starts natslock on key as node name, with more flags if
@@ -77,8 +121,8 @@ func startNatslock(t *testing.T, bin, url, bucket, key, name string, flags ...st
 	args := append([]string{
 		"-r", testR.String(), "-f", "3", "-c", "1",
 		"-healthcheck", "true",
-		"-start", "echo start >> " + p.state,
-		"-stop", "echo stop >> " + p.state,
+		"-start", fmt.Sprintf(`echo "start $(date +%%s%%N)" >> '%s'`, p.state),
+		"-stop", fmt.Sprintf(`echo "stop $(date +%%s%%N)" >> '%s'`, p.state),
 	}, flags...)
 	p.cmd = exec.Command(bin, append(args, url, bucket, key, name)...)
 	p.cmd.Stdout, p.cmd.Stderr = p, p
@@ -300,26 +344,53 @@ func TestNatslockHealthCheckState(t *testing.T) {
 	expectBlank(t, url, bucket, key, "after SIGINT of the active node")
 }
 
+// TestNatslockStopSignals: SIGHUP, like SIGTERM and SIGINT, stops the
+// active node's service and blanks the key (by default it would kill
+// natslock outright, leaving the key to expire and the service running).
+func TestNatslockStopSignals(t *testing.T) {
+	bin, url, bucket := natslockEnv(t, "natslocksig")
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			key := "sig-" + strconv.Itoa(int(sig))
+			p := startNatslock(t, bin, url, bucket, key, "node-a")
+			waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return p.lastState() == "start" })
+			_ = p.cmd.Process.Signal(sig)
+			select {
+			case <-p.done:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("natslock did not exit after %v", sig)
+			}
+			if p.lastState() != "stop" {
+				t.Errorf("the service's state after %v: %q, want stop", sig, p.lastState())
+			}
+			expectBlank(t, url, bucket, key, "after "+sig.String())
+		})
+	}
+}
+
 // processGone reports whether the process pid has ended: it no longer
-// exists, or it is a zombie waiting for its parent to reap it.
+// exists, or (where /proc tells) it is a zombie waiting for its parent
+// to reap it.
 func processGone(pid int) bool {
 	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
 		return true
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return errors.Is(err, os.ErrNotExist)
+		return false // no /proc, or it just ended: the next call says
 	}
 	// pid (comm) state ...: comm may hold spaces and parentheses.
 	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
 	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
 }
 
-// TestNatslockHealthCheckKilledAfterT: a health check that hangs counts
-// as failed after T: the active node stops its service; and the check is
-// killed then, with the processes it started: the hanging command (a
-// child of the check's shell, as in `curl ... || [ "$1" = standby ]`)
-// does not outlive T by more than a small margin.
+// TestNatslockHealthCheckKilledAfterT: a health check that hangs does
+// not keep the service up: the active node stops it (when its hold runs
+// out, T − margin after its last renewal), and the check counts as
+// failed after T. The check is killed then with the processes it
+// started: the hanging command (a child of the check's shell, as in
+// `curl ... || [ "$1" = standby ]`) ends within T + R (+ 500ms) of the
+// moment it began to hang, not when it would have by itself (60s).
 func TestNatslockHealthCheckKilledAfterT(t *testing.T) {
 	bin, url, bucket := natslockEnv(t, "natslockhang")
 	const key = "spof-service"
@@ -341,8 +412,9 @@ func TestNatslockHealthCheckKilledAfterT(t *testing.T) {
 		return pid > 0
 	})
 	hung := time.Now()
+	gone := false
 	t.Cleanup(func() {
-		if !processGone(pid) {
+		if !gone { // once gone, pid may be another process's
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
@@ -352,78 +424,26 @@ func TestNatslockHealthCheckKilledAfterT(t *testing.T) {
 	bound := T + testR + 500*time.Millisecond
 	waitFor(t, bound+time.Second, "node-a stops its service while its health check hangs", func() bool { return a.lastState() == "stop" })
 	stopped := time.Since(hung)
-	waitFor(t, bound+2*time.Second, "the hanging health check ends", func() bool { return processGone(pid) })
+	waitFor(t, bound+2*time.Second, "the hanging health check ends", func() bool { gone = processGone(pid); return gone })
 	took := time.Since(hung)
 	t.Logf("the service stopped %v and the hanging sleep ended %v after the check began to hang (T = %v)", stopped.Round(time.Millisecond), took.Round(time.Millisecond), T)
 	if took > bound {
 		t.Errorf("the hanging health check's sleep ended %v after it began, want within T + R (+ 500ms) = %v", took, bound)
 	}
-	if !strings.Contains(a.logs(), "health check failed") {
-		t.Errorf("node-a did not log its failed health check")
-	}
+	// The failure is logged once the agent has tried to blank the key,
+	// a moment after the check was given up.
+	waitFor(t, 2*time.Second, "node-a logs its failed health check", func() bool { return strings.Contains(a.logs(), "health check failed") })
 	waitFor(t, 2*time.Second, "node-a starts its service again once its check passes", func() bool { return a.lastState() == "start" })
-}
-
-// serviceEvent is one run of a test service's start or stop command:
-// what it did and when, by the clock of the machine (nanoseconds from
-// date +%s%N, read by the command itself).
-type serviceEvent struct {
-	node, kind string // kind is "start" or "stop"
-	at         time.Time
-}
-
-// timedService returns the -start and -stop flags of a service whose
-// commands append "start <unix ns>" or "stop <unix ns>" to a file, and a
-// function that reads what they wrote. It skips the test if date cannot
-// print nanoseconds.
-func timedService(t *testing.T, node string) (flags []string, events func() []serviceEvent) {
-	t.Helper()
-	out, err := exec.Command("/bin/sh", "-c", "date +%s%N").Output()
-	if ns, perr := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64); err != nil || perr != nil || ns < 1e18 {
-		t.Skipf("the service commands time themselves with date +%%s%%N, which printed %q (%v)", out, err)
-	}
-	file := filepath.Join(t.TempDir(), "service")
-	flags = []string{
-		"-start", fmt.Sprintf(`echo "start $(date +%%s%%N)" >> '%s'`, file),
-		"-stop", fmt.Sprintf(`echo "stop $(date +%%s%%N)" >> '%s'`, file),
-	}
-	events = func() []serviceEvent {
-		b, _ := os.ReadFile(file)
-		var evs []serviceEvent
-		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			f := strings.Fields(line)
-			if len(f) == 0 {
-				continue
-			}
-			ns, err := strconv.ParseInt(f[len(f)-1], 10, 64)
-			if len(f) != 2 || err != nil || f[0] != "start" && f[0] != "stop" {
-				t.Fatalf("%s's service file has a line %q, want start or stop and a time", node, line)
-			}
-			evs = append(evs, serviceEvent{node: node, kind: f[0], at: time.Unix(0, ns)})
-		}
-		return evs
-	}
-	return flags, events
-}
-
-// lastEvent returns the last of evs of kind, and whether there is one.
-func lastEvent(evs []serviceEvent, kind string) (serviceEvent, bool) {
-	for i := len(evs) - 1; i >= 0; i-- {
-		if evs[i].kind == kind {
-			return evs[i], true
-		}
-	}
-	return serviceEvent{}, false
 }
 
 // checkNoOverlap fails the test if, by the times the service commands
 // wrote, one node's service started while another's was up (started and
 // not stopped since).
-func checkNoOverlap(t *testing.T, evs ...[]serviceEvent) {
+func checkNoOverlap(t *testing.T, procs ...*lockProc) {
 	t.Helper()
 	var all []serviceEvent
-	for _, e := range evs {
-		all = append(all, e...)
+	for _, p := range procs {
+		all = append(all, p.events(t)...)
 	}
 	slices.SortStableFunc(all, func(a, b serviceEvent) int { return a.at.Compare(b.at) })
 	up := map[string]time.Time{}
@@ -442,64 +462,18 @@ func checkNoOverlap(t *testing.T, evs ...[]serviceEvent) {
 	}
 }
 
-// keyWrite is a write to a key seen by a test's watch.
-type keyWrite struct {
-	rev     uint64
-	value   string
-	created time.Time // the broker's time of the write (same machine)
-	seen    time.Time // when the watch delivered it
-}
-
-// keyWrites watches key and returns a function that lists the writes
-// seen so far; the watch stops at cleanup.
-func keyWrites(t *testing.T, url, bucket, key string) func() []keyWrite {
-	t.Helper()
-	kw, err := mustBucket(t, url, bucket).Watch(context.Background(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var writes []keyWrite
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for e := range kw.Updates() {
-			if e != nil {
-				mu.Lock()
-				writes = append(writes, keyWrite{e.Revision(), string(e.Value()), e.Created(), time.Now()})
-				mu.Unlock()
-			}
-		}
-	}()
-	t.Cleanup(func() { _ = kw.Stop(); <-done }) // before mustBucket's close
-	return func() []keyWrite {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(writes)
-	}
-}
-
-// lastWriteBy returns the last of writes whose value is token and that
-// the broker stored no later than before, and whether there is one.
-func lastWriteBy(writes []keyWrite, token string, before time.Time) (keyWrite, bool) {
-	for i := len(writes) - 1; i >= 0; i-- {
-		if w := writes[i]; w.value == token && !w.created.After(before) {
-			return w, true
-		}
-	}
-	return keyWrite{}, false
-}
-
 // TestNatslockCutOff: the active natslock (node-a, connected through a
 // proxy) is cut off from NATS by a black hole. It begins to stop its
 // service T − margin after its last successful renewal, before T; the
 // standby (node-b) starts its service no sooner than T + C·R after that
-// renewal, within a bound, and after node-a's service stopped. Healed,
-// node-a reconnects, finds node-b's token in the key and stays standby;
-// the two services never overlap. Times of the services are those their
-// start and stop commands wrote; times of the renewals are the broker's,
-// seen by a watch of the test's (the broker runs in the test's process).
+// renewal, within handoverBound, and after node-a's service stopped.
+// Healed, node-a reconnects, finds node-b's token in the key and stays
+// standby, writing nothing; the two services never overlap. Times of the
+// services are those their start and stop commands wrote; times of the
+// renewals are the broker's, seen by a watch of the test's (the broker
+// runs in the test's process).
 func TestNatslockCutOff(t *testing.T) {
+	requireNanoDate(t)
 	bin, url, bucket := natslockEnv(t, "natslockcut")
 	const key = "spof-service"
 	const (
@@ -508,32 +482,24 @@ func TestNatslockCutOff(t *testing.T) {
 		slack  = 30 * time.Millisecond
 	)
 	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
-	writes := keyWrites(t, url, bucket, key)
-	aFlags, aEvents := timedService(t, "node-a")
-	bFlags, bEvents := timedService(t, "node-b")
-	running := func(evs func() []serviceEvent) func() bool {
-		return func() bool {
-			e := evs()
-			return len(e) > 0 && e[len(e)-1].kind == "start"
-		}
-	}
+	writes := watchWrites(t, url, bucket, key)
 
-	a := startNatslock(t, bin, "nats://"+proxy.Addr(), bucket, key, "node-a", append(aFlags, "-margin", margin.String())...)
-	waitFor(t, 10*time.Second, "node-a starts its service", running(aEvents))
-	b := startNatslock(t, bin, url, bucket, key, "node-b", bFlags...)
+	a := startNatslock(t, bin, "nats://"+proxy.Addr(), bucket, key, "node-a", "-margin", margin.String())
+	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return a.lastState() == "start" })
+	b := startNatslock(t, bin, url, bucket, key, "node-b")
 	waitFor(t, 10*time.Second, "node-b is standby", func() bool { return strings.Contains(b.logs(), "standby: the key is held") })
-	aStart, _ := lastEvent(aEvents(), "start")
+	aStart := a.last(t, "start")
 
 	// Cut halfway between two renewals: the last one's answer has long
 	// come back, the next one is not yet sent.
 	var cut time.Time
 	waitFor(t, 5*time.Second, "a renewal of node-a to cut after", func() bool {
-		w, ok := lastWriteBy(writes(), "node-a", time.Now())
+		w, ok := writes.lastBy("node-a", time.Now())
 		if !ok || time.Since(w.seen) > testR/4 {
 			return false
 		}
 		time.Sleep(time.Until(w.seen.Add(testR / 2)))
-		if next, _ := lastWriteBy(writes(), "node-a", time.Now()); next.rev != w.rev {
+		if next, _ := writes.lastBy("node-a", time.Now()); next.rev != w.rev {
 			return false // overslept: try the next one
 		}
 		proxy.BlackHole()
@@ -541,19 +507,18 @@ func TestNatslockCutOff(t *testing.T) {
 		return true
 	})
 
-	waitFor(t, T+time.Second, "the cut-off node-a stops its service", func() bool { return !running(aEvents)() })
-	waitFor(t, handoverBound+time.Second, "node-b starts its service", running(bEvents))
-	aStop, _ := lastEvent(aEvents(), "stop")
-	bStart, _ := lastEvent(bEvents(), "start")
-	// The last write stored with node-a's token: node-a's last successful
-	// write began no later. One stored well before the cut was surely
-	// answered: node-a's last successful write began no earlier (but for
-	// the time its request took to reach the broker).
-	last, ok := lastWriteBy(writes(), "node-a", bStart.at)
+	waitFor(t, T+time.Second, "the cut-off node-a stops its service", func() bool { return a.lastState() == "stop" })
+	waitFor(t, handoverBound+time.Second, "node-b starts its service", func() bool { return b.lastState() == "start" })
+	aStop, bStart := a.last(t, "stop"), b.last(t, "start")
+	// node-a's last successful renewal began no later than the last write
+	// of its token the broker stored (last), and no earlier than one stored
+	// well before the cut, whose answer surely came back (answered); the
+	// two are one write unless a renewal slipped in just before the cut.
+	last, ok := writes.lastBy("node-a", bStart.at)
 	if !ok {
 		t.Fatal("the watch saw no write of node-a")
 	}
-	answered, ok := lastWriteBy(writes(), "node-a", cut.Add(-testR/4))
+	answered, ok := writes.lastBy("node-a", cut.Add(-testR/4))
 	if !ok {
 		t.Fatal("the watch saw no write of node-a well before the cut")
 	}
@@ -565,9 +530,6 @@ func TestNatslockCutOff(t *testing.T) {
 		cut.Sub(last.created).Round(time.Millisecond), stopAfter.Round(time.Millisecond), T-margin, T,
 		bAfter.Round(time.Millisecond), T+testC*testR)
 
-	if !aStop.at.After(aStart.at) {
-		t.Fatalf("node-a did not stop its service after the cut (its last stop at %v, its start at %v)", aStop.at, aStart.at)
-	}
 	if early := answered.created.Add(T - margin - slack); aStop.at.Before(early) {
 		t.Errorf("node-a began to stop its service %v after its last answered renewal, before T − margin = %v (less %v of slack)",
 			aStop.at.Sub(answered.created), T-margin, slack)
@@ -590,14 +552,13 @@ func TestNatslockCutOff(t *testing.T) {
 		l := a.logs()
 		return strings.Contains(l, "no successful write for T minus the safety margin") || strings.Contains(l, "write failed")
 	})
-	checkNoOverlap(t, aEvents(), bEvents())
 
 	// Healed, node-a reconnects and finds node-b's token in the key (or,
 	// wrongly, takes the key back: the checks below say so).
 	proxy.Restore()
 	healed := time.Now()
 	sawB := func() bool {
-		for _, line := range strings.Split(a.logs(), "\n") {
+		for line := range strings.Lines(a.logs()) {
 			if strings.Contains(line, "standby: the key is held") && strings.Contains(line, `holder="node-b"`) {
 				return true
 			}
@@ -605,25 +566,20 @@ func TestNatslockCutOff(t *testing.T) {
 		return false
 	}
 	waitFor(t, 5*time.Second, "the healed node-a reconnects", func() bool {
-		e, _ := lastEvent(aEvents(), "start")
-		return sawB() || !e.at.Equal(aStart.at)
+		return sawB() || !a.last(t, "start").at.Equal(aStart.at)
 	})
 	if sawB() {
 		t.Logf("node-a saw node-b in the key %v after the proxy was healed", time.Since(healed).Round(time.Millisecond))
 	}
 	time.Sleep(3 * testR)
-	aEv, bEv := aEvents(), bEvents()
-	if e, _ := lastEvent(aEv, "start"); !e.at.Equal(aStart.at) {
+	if e := a.last(t, "start"); !e.at.Equal(aStart.at) {
 		t.Errorf("node-a started its service again at %s after the cut", e.at.Format("15:04:05.000000"))
 	}
-	if !running(bEvents)() {
+	if b.lastState() != "start" {
 		t.Errorf("node-b's service is not running after node-a came back")
 	}
-	for _, w := range writes() {
-		if w.value == "node-a" && w.rev > last.rev {
-			t.Errorf("node-a wrote its token again after it was cut off (revision %d)", w.rev)
-			break
-		}
+	if w, _ := writes.lastBy("node-a", time.Now()); w.rev > last.rev {
+		t.Errorf("node-a wrote its token again after it was cut off (revision %d)", w.rev)
 	}
-	checkNoOverlap(t, aEv, bEv)
+	checkNoOverlap(t, a, b)
 }

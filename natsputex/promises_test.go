@@ -288,8 +288,10 @@ func TestSupervisorStartFails(t *testing.T) {
 // TestShortValidityRenewsOften: a holder renews every R, unless its
 // validity T − margin is shorter than 2R; it then renews every
 // (T − margin)/2, so that one late renewal does not end the lease
-// (F = 1, R = 200ms: T − margin = 100ms, a renewal every 50ms). The
-// writes are counted by a watch on the bucket for one second.
+// (F = 1, R = 200ms: T − margin = 100ms, a renewal every 50ms, not every
+// R). With F = 10 (T − margin = 950ms) it renews every R = 100ms, not
+// every (T − margin)/2. The writes are counted by a watch on the bucket
+// for one second.
 func TestShortValidityRenewsOften(t *testing.T) {
 	url, bucket := promiseEnv(t, "cadence")
 	kv := mustBucket(t, url, bucket)
@@ -298,7 +300,7 @@ func TestShortValidityRenewsOften(t *testing.T) {
 		opts     []natsputex.Option
 		interval time.Duration
 	}{
-		{"F=3 R=100ms: every R", []natsputex.Option{natsputex.WithRenewInterval(100 * time.Millisecond), natsputex.WithFailureThreshold(3)}, 100 * time.Millisecond},
+		{"F=10 R=100ms: every R", []natsputex.Option{natsputex.WithRenewInterval(100 * time.Millisecond), natsputex.WithFailureThreshold(10)}, 100 * time.Millisecond},
 		{"F=1 R=200ms: every (T-margin)/2", []natsputex.Option{natsputex.WithRenewInterval(200 * time.Millisecond), natsputex.WithFailureThreshold(1)}, 50 * time.Millisecond},
 	} {
 		t.Run(tc.what, func(t *testing.T) {

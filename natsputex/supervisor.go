@@ -367,7 +367,7 @@ func (s *Supervisor) activate(ctx context.Context, rev uint64) {
 func (s *Supervisor) abort(ctx context.Context, why string, cause error) {
 	_, rev := s.holding()
 	s.disarm(PhaseStandby)
-	what := ": service not started" // a check failed before Start
+	what := ": service not running" // stopped already (the hold ran out), or never started
 	if s.serviceUp() {
 		what = ": service stopped"
 	}

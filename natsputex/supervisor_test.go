@@ -161,39 +161,65 @@ func waitActive(t *testing.T, within time.Duration, agents ...*agent) *agent {
 	return nil
 }
 
-// writeTimes watches key and records when each write to it is seen.
-type writeTimes struct {
-	mu   sync.Mutex
-	last time.Time
+// keyWrite is a write to a key seen by a test's watch.
+type keyWrite struct {
+	rev     uint64
+	value   string
+	created time.Time // the broker's time of the write (same machine)
+	seen    time.Time // when the watch delivered it
 }
 
-func watchWrites(t *testing.T, url, bucket, key string) *writeTimes {
+// keyWatch records the writes to a key that a watch of the test's sees.
+type keyWatch struct {
+	mu     sync.Mutex
+	writes []keyWrite
+}
+
+// watchWrites watches key until the test's cleanup.
+func watchWrites(t *testing.T, url, bucket, key string) *keyWatch {
 	t.Helper()
 	kv := mustBucket(t, url, bucket)
 	kw, err := kv.Watch(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wt := &writeTimes{}
+	w := &keyWatch{}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for e := range kw.Updates() {
 			if e != nil {
-				wt.mu.Lock()
-				wt.last = time.Now()
-				wt.mu.Unlock()
+				w.mu.Lock()
+				w.writes = append(w.writes, keyWrite{e.Revision(), string(e.Value()), e.Created(), time.Now()})
+				w.mu.Unlock()
 			}
 		}
 	}()
 	t.Cleanup(func() { _ = kw.Stop(); <-done }) // before mustBucket's close
-	return wt
+	return w
 }
 
-func (w *writeTimes) lastWrite() time.Time {
+// lastWrite returns when the watch saw the last write (zero: none yet).
+func (w *keyWatch) lastWrite() time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.last
+	if len(w.writes) == 0 {
+		return time.Time{}
+	}
+	return w.writes[len(w.writes)-1].seen
+}
+
+// lastBy returns the last write seen of value token that the broker
+// stored no later than before, and whether there is one.
+func (w *keyWatch) lastBy(token string, before time.Time) (keyWrite, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := len(w.writes) - 1; i >= 0; i-- {
+		if kw := w.writes[i]; kw.value == token && !kw.created.After(before) {
+			return kw, true
+		}
+	}
+	return keyWrite{}, false
 }
 
 func supervisorEnv(t *testing.T) (url, bucket, key string) {

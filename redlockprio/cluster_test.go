@@ -92,13 +92,15 @@ func clusterLocker(t testing.TB, addrs []string, opts ...redlockprio.Option) (*r
 }
 
 // TestClusterClientMasters: masters may be *redis.ClusterClient's. On
-// one and on three one-node Redis Clusters: a lease is granted, renewed (through the
-// cluster clients' pipelines) and released, leaving no key; a second
-// Locker is refused the held name, is woken by the release notice (pub/sub
-// through the cluster clients: its backoff is 5s) and gets a higher token;
-// contending Lockers never hold a name together and their tokens increase;
-// a Semaphore of size 2 grants two slots and no third until one is
-// released; and closing the Lockers leaves the cluster clients open.
+// one and on three one-node Redis Clusters: a lease is granted, renewed
+// (through the cluster clients' pipelines) and released, leaving no key;
+// a second Locker is refused the held name, is woken by the release
+// notice (pub/sub through the cluster clients: without it, the waiter's
+// backoff of 5s and the holder's TTL of 10s would keep it waiting
+// seconds) and gets a higher token; contending Lockers never hold a name
+// together and their tokens increase; a Semaphore of size 2 grants two
+// slots and no third until one is released; and closing the Lockers
+// leaves the cluster clients open.
 func TestClusterClientMasters(t *testing.T) {
 	all := startClusters(t, 3)
 	for _, n := range []int{1, 3} { // one master: its calls run inline
@@ -141,8 +143,11 @@ func testClusterClientMasters(t *testing.T, addrs []string) {
 	})
 
 	t.Run("contention", func(t *testing.T) {
+		// A holder with a long TTL: a waiter polls no later than when the
+		// holder's keys expire, and must not get the name that way.
+		holder, _ := clusterLocker(t, addrs, redlockprio.WithTTL(10*time.Second), redlockprio.WithRenewInterval(3*time.Second))
 		name := uniqueName(t)
-		first, err := a.TryLock(ctx, name)
+		first, err := holder.TryLock(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,8 +17,8 @@
 // start is taken before the requests of the step that last granted or
 // renewed it and drift = TTL·driftFactor + 2ms ([WithDriftFactor]). Each
 // step on a master is one Lua script, run by SHA (EVALSHA, falling back to
-// EVAL on NOSCRIPT; a renewal tick's pipeline of them loads the script and
-// is sent again); requests to the masters go out in parallel, and a
+// EVAL on NOSCRIPT; a renewal tick's pipeline answered NOSCRIPT loads the
+// script and is sent again once); requests to the masters go out in parallel, and a
 // step returns as soon as its outcome is decided (a quorum granted, or
 // released, or so many refused that no quorum can grant; a semaphore's
 // acquisition waits for every master, as they may pick different slots):

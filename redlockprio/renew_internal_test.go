@@ -162,11 +162,9 @@ func TestRenewGoroutineExitsWhenNoLeaseHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// (Started with the first lease, the goroutine may not have run yet.)
+	// One goroutine for both leases. (Started with the first lease, it
+	// may not have run yet.)
 	waitState(true, time.Second)
-	if ok, got := state(true); !ok {
-		t.Fatalf("holding two leases: %s, want one goroutine for both", got)
-	}
 	renewed(a.(*Lease))
 	renewed(b.(*Lease))
 
@@ -188,14 +186,9 @@ func TestRenewGoroutineExitsWhenNoLeaseHeld(t *testing.T) {
 	if ok, got := state(false); !ok {
 		t.Fatalf("no lease held for %v: %s, want none", 2*renew, got)
 	}
-	l.mu.Lock()
-	closed := l.closing || l.closed
-	l.mu.Unlock()
-	if closed {
-		t.Fatal("the Locker closed")
-	}
 
-	// The next lease brings it back, and is renewed.
+	// The Locker is still open: the next lease (which a closed Locker
+	// refuses) brings the goroutine back, and is renewed.
 	c, err := l.Lock(ctx, "a")
 	if err != nil {
 		t.Fatal(err)

@@ -52,7 +52,13 @@ safety margin (-margin, default R/2) begins to stop by itself then. A
 standby starts no earlier than (F+C)*R after the last renewal, so the stop
 command has margin + C*R to finish: choose -c for your slowest stop. A
 dead node's service is taken over after about (F+C)*R.
-On SIGTERM or SIGINT natslock stops the service and blanks the key.
+On SIGTERM, SIGINT or SIGHUP natslock stops the service and blanks the
+key. The commands run in process groups of their own, so that a command
+cut short (a health check past T, a start when natslock stops) is killed
+with every process it started; a signal to natslock's process group does
+not reach them. Stop natslock with one of those signals, or run it under
+a manager that kills its whole cgroup (systemd does): a natslock killed
+outright leaves a command that is still running to finish on its own.
 
 Example:
   natslock -r 1s -f 3 -c 1 \
@@ -124,7 +130,7 @@ func main() {
 	if *tlsCA != "" {
 		natsOpts = append(natsOpts, nats.RootCAs(*tlsCA))
 	}
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer cancel()
 	if err := run(ctx, url, bucket, key, token, *start, *stop, natsOpts, opts); err != nil {
 		log.Printf("natslock: %v", err)
