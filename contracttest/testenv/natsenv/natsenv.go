@@ -1,9 +1,13 @@
 // Package natsenv provides NATS servers with JetStream to tests: a single
 // node or a cluster, embedded in the test process (nats-server/v2 as a
-// library) on loopback ports, so that tests need nothing installed. A
-// server may require TLS, a password or, in operator mode, JWT
-// credentials ([ServerConfig]); a cluster's routes may go through fault
-// proxies, to partition nodes ([ClusterConfig]).
+// library) on loopback ports, so that tests need nothing installed, or
+// run from a nats-server program ([Binary], such as an older release than
+// the embedded one) as separate processes on loopback ports
+// ([StartBinaryServer], [StartBinaryCluster]). [Server.Version] says which
+// version each node runs. An embedded server may require TLS, a password
+// or, in operator mode, JWT credentials ([ServerConfig]); an embedded
+// cluster's routes may go through fault proxies, to partition nodes
+// ([ClusterConfig]).
 //
 // It is a module of its own, separate from testenv, so that the NATS server
 // is only in the module graph of the backends that use it.
@@ -24,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,10 +43,12 @@ import (
 // (its connection cut, as tests do) leaves its ephemeral consumers, such as
 // a KV watch's, on the server until their inactivity threshold passes:
 // server state, not a leak of the client's, which leak checks of the client
-// should ignore (see contracttest.LeakFilter).
+// should ignore (see contracttest.LeakFilter). The options also match the
+// goroutine natsenv waits for a server process with ([ServerConfig.Binary]),
+// which a restart during a test starts.
 func ConsumerGoroutines() []goleak.Option {
 	const consumer = "github.com/nats-io/nats-server/v2/server.(*consumer)."
-	var opts []goleak.Option
+	opts := []goleak.Option{goleak.IgnoreAnyFunction("github.com/latchkey-go/latchkey/contracttest/testenv/natsenv.(*proc).wait")}
 	for _, f := range []string{"loopAndGatherMsgs", "processInboundAcks", "processInboundNextMsgReqs", "loopAndForwardProposals"} {
 		opts = append(opts, goleak.IgnoreAnyFunction(consumer+f))
 	}
@@ -79,21 +86,26 @@ func URL(t testing.TB) string {
 	return StartServer(t).URL()
 }
 
-// A Server is one embedded NATS server with JetStream, alone or a node of a
-// [Cluster]. Its client port and store directory stay the same across
-// [Server.Restart], so clients reconnect to the same URL and find their
-// streams again. Its methods are safe to call from several goroutines; each
-// waits for the previous one to finish.
+// A Server is one NATS server with JetStream, alone or a node of a
+// [Cluster]: embedded, or a process of a nats-server program
+// ([ServerConfig.Binary]). Its client port and store directory stay the
+// same across [Server.Restart], so clients reconnect to the same URL and
+// find their streams again. Its methods are safe to call from several
+// goroutines; each waits for the previous one to finish.
 type Server struct {
 	name string
 	url  string
 	log  *logger
+	bin  string // the program it runs from, "" when embedded
 
-	mu     sync.Mutex
-	opts   *server.Options // the client port is fixed after the first start
-	scheme string          // of URL: "nats", or "tls" with TLS
-	ns     *server.Server  // nil while shut down
-	done   bool            // shut down for good by the cleanup
+	mu      sync.Mutex
+	opts    *server.Options // the client port is fixed after the first start
+	scheme  string          // of URL: "nats", or "tls" with TLS
+	ns      *server.Server  // nil while shut down (embedded)
+	proc    *proc           // nil while shut down (a process)
+	monitor int             // a process's monitoring port, fixed after the first start
+	version string
+	done    bool // shut down for good by the cleanup
 }
 
 // StartServer starts a single NATS server with JetStream on a free port of
@@ -120,6 +132,10 @@ type ServerConfig struct {
 	// with the credentials of a user of Operator ([Operator.NewUser]),
 	// and have JetStream. It excludes User and Password.
 	Operator *Operator
+	// Binary, if set, is the path of a nats-server program (see
+	// [Binary]) to run the server from, as a separate process, instead
+	// of embedding it. It excludes TLS, User, Password and Operator.
+	Binary string
 }
 
 // StartServerWith is [StartServer] with cfg.
@@ -129,6 +145,7 @@ func StartServerWith(t testing.TB, cfg ServerConfig) *Server {
 		t.Fatalf("natsenv: a server in operator mode has no user and password of its own")
 	}
 	s := newServer(t, fmt.Sprintf("latchkey-%d", seq.Add(1)), nil)
+	s.bin = cfg.Binary
 	if op := cfg.Operator; op != nil {
 		s.opts.TrustedOperators = []*jwt.OperatorClaims{op.claims}
 		s.opts.AccountResolver = op.resolver
@@ -145,8 +162,8 @@ func StartServerWith(t testing.TB, cfg ServerConfig) *Server {
 		t.Fatalf("natsenv: %v", err)
 	}
 	t.Cleanup(func() {
-		if ns := s.server(); ns != nil { // settle first, as a cluster does
-			_ = waitFor(quiesceTimeout, func() error { return healthy(ns) })
+		if s.Running() { // settle first, as a cluster does
+			_ = waitFor(quiesceTimeout, s.healthy)
 		}
 		s.close()
 	})
@@ -181,11 +198,39 @@ func (s *Server) URL() string { return s.url }
 // the leader in a stream's cluster information).
 func (s *Server) Name() string { return s.name }
 
+// Version returns the version of nats-server the server runs, without a
+// leading "v": the embedded library's, or the one the program reported
+// when the server last started.
+func (s *Server) Version() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.version
+}
+
+// Binary returns the path of the program the server runs from, or "" for
+// an embedded server.
+func (s *Server) Binary() string { return s.bin }
+
 // Running reports whether the server is running.
 func (s *Server) Running() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.ns != nil
+	return s.ns != nil || s.proc != nil
+}
+
+// Kill stops a server process at once with SIGKILL, as a crash would: no
+// leadership is handed over, nothing is flushed. It returns once the
+// process has exited. For an embedded server, Kill is Shutdown. Killing a
+// server that is not running does nothing.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		s.proc.stop(syscall.SIGKILL)
+		s.proc = nil
+		return
+	}
+	s.shutdownLocked()
 }
 
 // Shutdown stops the server, closing its client and route connections; a
@@ -199,6 +244,10 @@ func (s *Server) Shutdown() {
 }
 
 func (s *Server) shutdownLocked() {
+	if s.proc != nil {
+		s.proc.stop(syscall.SIGTERM)
+		s.proc = nil
+	}
 	if s.ns == nil {
 		return
 	}
@@ -223,8 +272,40 @@ func (s *Server) Restart() error {
 	if err := s.startLocked(); err != nil {
 		return err
 	}
-	ns := s.ns
-	return waitFor(clusterTimeout, func() error { return healthy(ns) })
+	return waitFor(clusterTimeout, s.healthyLocked)
+}
+
+// healthy reports whether the server runs and passes its own health check
+// (see [healthy]).
+func (s *Server) healthy() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.healthyLocked()
+}
+
+func (s *Server) healthyLocked() error {
+	switch {
+	case s.ns != nil:
+		return healthy(s.ns)
+	case s.proc != nil:
+		return s.proc.healthy(s.name)
+	}
+	return fmt.Errorf("natsenv: %s is not running", s.name)
+}
+
+// meta returns whether the server is the JetStream meta leader and how
+// many peers of the meta group, itself included, it sees online.
+func (s *Server) meta() (leader bool, peers int, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.ns != nil:
+		return s.ns.JetStreamIsLeader(), len(s.ns.JetStreamClusterPeers()), nil
+	case s.proc != nil:
+		l, n, err := s.proc.meta()
+		return l == s.name, n, err
+	}
+	return false, 0, fmt.Errorf("natsenv: %s is not running", s.name)
 }
 
 // healthy reports whether ns passes its own health check (/healthz): it
@@ -244,6 +325,20 @@ func (s *Server) start() error {
 }
 
 func (s *Server) startLocked() error {
+	if s.bin != "" {
+		if err := s.startProcess(); err != nil {
+			return err
+		}
+		v, err := s.proc.version()
+		if err != nil {
+			v, err = BinaryVersion(s.bin)
+		}
+		if err != nil {
+			return err
+		}
+		s.version = strings.TrimPrefix(v, "v")
+		return nil
+	}
 	ns, err := server.NewServer(s.opts.Clone())
 	if err != nil {
 		return fmt.Errorf("natsenv: %s: %w", s.name, err)
@@ -267,6 +362,7 @@ func (s *Server) startLocked() error {
 		s.url = cmp.Or(s.scheme, "nats") + "://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.opts.Port))
 	}
 	s.ns = ns
+	s.version = server.VERSION
 	return nil
 }
 
@@ -310,8 +406,13 @@ type ClusterConfig struct {
 	// from each other by gossip (implicit routes, which nats-server
 	// dials at the advertised address, once) fail instead of bypassing
 	// the proxies. Server logs (with -v) then show one refused connection
-	// to 127.0.0.1:1 now and then: that is expected.
+	// to 127.0.0.1:1 now and then: that is expected. Only embedded
+	// clusters support it.
 	ProxyRoutes bool
+	// Binary, if set, is the path of a nats-server program (see
+	// [Binary]) to run every node from, each a separate process, instead
+	// of embedding them. It excludes ProxyRoutes.
+	Binary string
 }
 
 // unroutable is the route address nodes advertise with
@@ -337,6 +438,9 @@ func StartClusterWith(t testing.TB, n int, cfg ClusterConfig) *Cluster {
 	t.Helper()
 	if n < 2 {
 		t.Fatalf("natsenv: StartCluster(%d): a cluster needs at least 2 nodes", n)
+	}
+	if cfg.Binary != "" && cfg.ProxyRoutes {
+		t.Fatalf("natsenv: proxied routes are only supported on embedded clusters")
 	}
 	var err error
 	for range startAttempts {
@@ -391,14 +495,21 @@ func startCluster(t testing.TB, n int, cfg ClusterConfig) (*Cluster, error) {
 			}
 		}
 		s := newServer(t, fmt.Sprintf("latchkey-%d-n%d", id, i), co)
+		s.bin = cfg.Binary
 		s.opts.Routes = server.RoutesFromStr(strings.Join(rs, ","))
 		c.servers = append(c.servers, s)
 	}
-	for _, s := range c.servers {
-		if err := s.start(); err != nil {
-			c.shutdown()
-			return nil, err
-		}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, s := range c.servers {
+		// At once: a node from a binary is only ready (JetStream
+		// enabled) once it meets its peers.
+		wg.Go(func() { errs[i] = s.start() })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		c.shutdown()
+		return nil, err
 	}
 	if err := c.waitReady(); err != nil {
 		c.shutdown()
@@ -605,11 +716,21 @@ func (c *Cluster) MetaLeader() int {
 		if c.Isolated(i) {
 			continue
 		}
-		if ns := s.server(); ns != nil && ns.JetStreamIsLeader() {
+		if leader, _, err := s.meta(); err == nil && leader {
 			return i
 		}
 	}
 	return -1
+}
+
+// Versions returns the version each node runs, in the order of Servers
+// (see [Server.Version]).
+func (c *Cluster) Versions() []string {
+	vs := make([]string, len(c.servers))
+	for i, s := range c.servers {
+		vs[i] = s.Version()
+	}
+	return vs
 }
 
 // waitReady waits until a meta leader is elected among the running nodes, it
@@ -621,25 +742,28 @@ func (c *Cluster) waitReadyWithin(timeout time.Duration) error { return waitFor(
 // ready returns nil if a meta leader is elected among the running nodes,
 // it sees all of them, and all of them are healthy.
 func (c *Cluster) ready() error {
-	var running []*server.Server
+	var running []*Server
 	for _, s := range c.servers {
-		if ns := s.server(); ns != nil {
-			running = append(running, ns)
+		if s.Running() {
+			running = append(running, s)
 		}
 	}
 	i := c.MetaLeader()
 	if i < 0 {
 		return errors.New("natsenv: no JetStream meta leader")
 	}
-	leader := c.servers[i].server()
-	if leader == nil {
-		return errors.New("natsenv: meta leader stopped")
+	leader := c.servers[i]
+	isLeader, peers, err := leader.meta()
+	switch {
+	case err != nil:
+		return err
+	case !isLeader:
+		return errors.New("natsenv: meta leader stepped down")
+	case peers != len(running):
+		return fmt.Errorf("natsenv: meta leader %s sees %d of %d nodes", leader.name, peers, len(running))
 	}
-	if peers := leader.JetStreamClusterPeers(); len(peers) != len(running) {
-		return fmt.Errorf("natsenv: meta leader %s sees %d of %d nodes", leader.Name(), len(peers), len(running))
-	}
-	for _, ns := range running {
-		if err := healthy(ns); err != nil {
+	for _, s := range running {
+		if err := s.healthy(); err != nil {
 			return err
 		}
 	}

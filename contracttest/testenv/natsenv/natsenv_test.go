@@ -25,6 +25,38 @@ func leakCheck(t *testing.T) {
 func TestStartServer(t *testing.T) {
 	leakCheck(t)
 	s := natsenv.StartServer(t)
+	if s.Version() == "" || s.Binary() != "" {
+		t.Errorf("embedded server: Version() = %q, Binary() = %q", s.Version(), s.Binary())
+	}
+	testServer(t, s)
+}
+
+// TestBinaryServer is TestStartServer on a server process of the
+// nats-server program on PATH.
+func TestBinaryServer(t *testing.T) {
+	leakCheck(t)
+	s := natsenv.StartBinaryServer(t)
+	want, err := natsenv.BinaryVersion(s.Binary())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Version() != want {
+		t.Errorf("Version() = %q, want %q (from %s --version)", s.Version(), want, s.Binary())
+	}
+	t.Logf("nats-server %s from %s", s.Version(), s.Binary())
+	testServer(t, s)
+	// Kill, unlike Shutdown, is a crash: the server restarts all the same.
+	s.Kill()
+	if s.Running() {
+		t.Fatalf("Running() = true after Kill")
+	}
+	if err := s.Restart(); err != nil {
+		t.Fatalf("Restart after Kill: %v", err)
+	}
+}
+
+func testServer(t *testing.T, s *natsenv.Server) {
+	t.Helper()
 	url := s.URL()
 	if !strings.HasPrefix(url, "nats://127.0.0.1:") {
 		t.Fatalf("URL() = %q, want a loopback nats:// URL", url)
@@ -82,7 +114,25 @@ func TestURL(t *testing.T) {
 
 func TestCluster(t *testing.T) {
 	leakCheck(t)
-	c := natsenv.StartCluster(t, 3)
+	testCluster(t, natsenv.StartCluster(t, 3))
+}
+
+// TestBinaryCluster is TestCluster on a cluster of nats-server processes
+// of the program on PATH.
+func TestBinaryCluster(t *testing.T) {
+	leakCheck(t)
+	c := natsenv.StartBinaryCluster(t, 3)
+	for i, v := range c.Versions() {
+		if v == "" {
+			t.Errorf("node %d reports no version", i)
+		}
+	}
+	t.Logf("nats-server versions %v from %s", c.Versions(), c.Servers()[0].Binary())
+	testCluster(t, c)
+}
+
+func testCluster(t *testing.T, c *natsenv.Cluster) {
+	t.Helper()
 	if n := len(c.Servers()); n != 3 {
 		t.Fatalf("Servers() has %d nodes, want 3", n)
 	}
