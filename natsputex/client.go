@@ -74,7 +74,12 @@ type Client struct {
 // option one matching [locks.ErrInvalidOption]. When ctx ends before the
 // bucket is ready, New returns an error matching ctx.Err().
 //
-// New only uses features of NATS 2.9 and later: no per-key TTL.
+// A replicated bucket (more than one replica) on a NATS server older than
+// [MinClusterVersion] is refused with an error matching [ErrUnsafeServer]
+// and naming the version, unless [WithUnsafeServer] allows it: the version
+// checked is that of the server the connection is on, so every node of a
+// cluster must run the same release. A single-replica bucket works on NATS
+// 2.9 and later.
 func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Option) (*Client, error) {
 	o, err := newOptions(opts)
 	if err != nil {
@@ -90,8 +95,25 @@ func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Opt
 	if js == nil {
 		return nil, fmt.Errorf("natsputex: %w", locks.InvalidOption("nil JetStream"))
 	}
+	version := js.Conn().ConnectedServerVersion()
 	kv, err := js.KeyValue(ctx, bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
+	if err == nil {
+		// An existing bucket, of the replicas it was made with.
+		var st jetstream.KeyValueStatus
+		if st, err = kv.Status(ctx); err == nil {
+			replicas := 1
+			if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
+				replicas = bs.StreamInfo().Config.Replicas
+			}
+			if err := o.checkServer(bucket, version, replicas); err != nil {
+				return nil, err
+			}
+		}
+	} else if errors.Is(err, jetstream.ErrBucketNotFound) {
+		// Refuse before making a bucket that cannot be used.
+		if err := o.checkServer(bucket, version, o.replicas); err != nil {
+			return nil, err
+		}
 		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      bucket,
 			Description: "latchkey natsputex locks",

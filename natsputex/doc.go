@@ -55,8 +55,9 @@
 // # What it promises
 //
 //   - Linearizable compare-and-set on one key's revision while the JetStream
-//     quorum of the bucket is healthy: two leases on one name are never
-//     granted at once by the broker.
+//     quorum of the bucket is healthy, on the servers of "NATS versions"
+//     below: two leases on one name are never granted at once by the
+//     broker.
 //   - The fencing token of a lease ([locks.Lease.Token]) is the revision of
 //     the write that won the key. Revisions are stream sequences, strictly
 //     increasing across the whole bucket, so a later holder of a name
@@ -119,8 +120,45 @@
 //     any replica may answer: a replica behind the leader would show a key
 //     just released as still held.
 //
-// Nothing depends on per-key TTLs or other features newer than NATS 2.9:
-// the tests run the conformance suite on an embedded current server, an
-// embedded 3-node cluster with an R3 bucket, and the NATS 2.9 server on
-// 127.0.0.1:4222 when one answers.
+// # NATS versions
+//
+// A single-replica bucket works on NATS 2.9 and later: nothing depends on
+// per-key TTLs or other newer features. A replicated bucket needs
+// [MinClusterVersion] (2.9.21) or later on every node: before it, a
+// replicated stream checked a write's expected revision before proposing
+// it to its Raft group, not in order with the other writes, so concurrent
+// conditional writes could all succeed (nats-server issue #4320). On a
+// 3-node NATS 2.9.10 cluster with an R3 bucket, 4 clients × 2 goroutines
+// locking 3 names for 15 s got 4701 grants, 1787 of them while another
+// lease on the name was live and 753 with a token below an earlier
+// grant's (TestBinaryClusterContention). [New] refuses such a bucket with
+// an error matching [ErrUnsafeServer], unless [WithUnsafeServer] lets it
+// through with a warning: then nothing here is promised. It checks the
+// version of the server its connection is on only, so it may miss an
+// older node in a cluster that mixes releases: upgrade every node.
+//
+// What remains during a stream leader change: the check of a write's
+// expected revision is made by the stream leader, from state that is its
+// own (the writes it has applied and those it has proposed and not yet
+// applied), not by every replica when the write is applied. A new leader
+// starts with no writes in flight. Since nats-server 2.11.0 (pull request
+// #6194) it refuses conditional writes until it has applied its whole log,
+// so a write conditional on a revision already replaced is refused;
+// nats-server issue #8469 (2026) asked for the check to move into the
+// replicated apply because the in-flight state is cleared during a leader
+// change, and was withdrawn after the maintainers explained that guarantee:
+// no stale write was reproduced on current servers. Releases from 2.9.21
+// to 2.10.x lack that guard: a leader elected with writes it has not
+// applied yet may accept a write conditional on a revision one of them
+// replaces, and two clients may then both believe they won the key. What
+// bounds the damage then is the fencing token: each accepted write has a
+// revision of its own, and the one applied later is higher, so a resource
+// that keeps the highest token it has seen refuses the earlier holder's
+// writes once the later one has written; and the earlier holder's next
+// renewal, conditional on its own revision, fails, so its lease ends
+// within R. The tests run the conformance suite on an embedded current
+// server (single node and a 3-node cluster with an R3 bucket) and on a
+// single node of the nats-server program on PATH (2.9.10 on the
+// reference machine); a cluster of that program only when it is 2.9.21 or
+// later.
 package natsputex

@@ -46,6 +46,9 @@ type options struct {
 	backoff  locks.Backoff
 	replicas int
 	storage  jetstream.StorageType
+
+	unsafeServer bool        // WithUnsafeServer
+	warn         func(error) // its warning, nil for the standard logger
 }
 
 func defaults() options {
@@ -222,6 +225,21 @@ func WithStorage(s jetstream.StorageType) Option {
 		if s != jetstream.FileStorage && s != jetstream.MemoryStorage {
 			return locks.InvalidOption("storage must be file or memory, got %v", s)
 		}
+		return nil
+	}
+}
+
+// WithUnsafeServer makes [New] accept a replicated bucket (more than one
+// replica) on a NATS server older than [MinClusterVersion], which it
+// otherwise refuses with an error matching [ErrUnsafeServer]: New calls
+// warn with that error instead (or, if warn is nil, writes it with the
+// standard logger) and goes on. On such a server two clients can hold one
+// lock at once, with no fault at all (nats-server issue #4320): the
+// package's promises do not hold, and only fencing tokens, passed to
+// every protected resource, limit the damage. The default is to refuse.
+func WithUnsafeServer(warn func(err error)) Option {
+	return func(o *options) error {
+		o.unsafeServer, o.warn = true, warn
 		return nil
 	}
 }
