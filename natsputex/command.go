@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -48,13 +49,21 @@ func CommandHealthCheck(command string) HealthCheck {
 
 // CommandService returns a [Service] that runs start and stop with
 // /bin/sh -c (an empty command does nothing), for example
-// "systemctl start db.service". putex's advice holds: the commands should
+// "systemctl start db.service". The start command gets the hold's
+// fencing token (see [Service.Start]) in the environment variable
+// NATSLOCK_TOKEN and as $1: pass it on to what the service writes to
+// (a database column, a file's header), which refuses a token lower than
+// the highest it has seen. putex's advice holds: the commands should
 // signal a service manager, not be the service, and fencing belongs in
-// the service manager's dependencies too. observe may be nil.
+// the service manager's dependencies too. The commands must return: the
+// agent waits for them. observe may be nil.
 func CommandService(start, stop string, observe func(Event)) Service {
 	svc := Service{Observe: observe}
 	if start != "" {
-		svc.Start = func(ctx context.Context) error { return runCommand(ctx, start, nil) }
+		svc.Start = func(ctx context.Context, token uint64) error {
+			t := strconv.FormatUint(token, 10)
+			return runCommand(ctx, start, []string{"NATSLOCK_TOKEN=" + t}, t)
+		}
 	}
 	if stop != "" {
 		svc.Stop = func(ctx context.Context) error { return runCommand(ctx, stop, nil) }

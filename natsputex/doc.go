@@ -29,7 +29,10 @@
 //   - C, the confirmation count ([WithConfirmations]): after a takeover, the
 //     new holder rewrites its token for C intervals before the lease is
 //     handed to the caller (or the Supervisor starts the service); a free key
-//     is held at once.
+//     is held at once. A Supervisor also confirms for C intervals when it
+//     finds its own token in the key after a write whose answer was lost:
+//     it starts the service only after C·R of its own writes that it saw
+//     succeed, on every path.
 //
 // A holder's lease ends at once, with [locks.ErrLost], when a write fails
 // or its health check fails (it then blanks the key, one attempt, so that
@@ -85,6 +88,20 @@
 //     over T + C·R after the agent's last write. Stop then has at least
 //     margin + C·R (after a failed write, whose hold ran to its end), and
 //     about T − R + C·R after a failed health check or on shutdown.
+//     Stop's context ends after T + C·R, never sooner. A Stop that fails
+//     or overruns that is reported as failed, never as done: the key is
+//     then not blanked, and Stop is called again every stroke until it
+//     succeeds; a standby may start T + C·R after the agent's last write
+//     whatever Stop does, which is the limit of what the agent can keep.
+//   - A Supervisor renews at the revision of its own last write, so two
+//     agents given the same token by mistake do not both hold the key: an
+//     agent that finds its token written by someone else stops its
+//     service and says so, and one that finds its token at a revision it
+//     did not write waits for T without a write, as for any other token
+//     (unless a write of its own lost its answer: see C above).
+//   - The fencing token of a Supervisor's hold is the revision of the
+//     write that won the key; [Service.Start] gets it (natslock's start
+//     command as $NATSLOCK_TOKEN).
 //   - What remains: a process paused longer than T (GC, SIGSTOP) still
 //     believes it holds the key until it runs again; its lease's context
 //     then ends at once, but work it does in that instant is only stopped
@@ -108,8 +125,18 @@
 //     the key, as tokens (host names) are shared by an agent's restarts.
 //   - putex re-runs the kill and start actions on every stroke; the
 //     Supervisor runs [Service.Stop] once when Run begins, once each time
-//     the agent stops being active and when Run returns, and
-//     [Service.Start] when it becomes active.
+//     the agent stops being active and when Run returns (again each
+//     stroke while it fails), and [Service.Start] when it becomes active.
+//   - putex's "lk empty or mine?" takes the sunny path, and starts the
+//     service, whenever the key holds the agent's token. The Supervisor
+//     renews at its own last revision, not the one just read; its token
+//     at another revision means another agent's write (a duplicate
+//     token), unless a write of its own lost its answer, after which it
+//     confirms for C intervals before it starts.
+//   - An agent whose [Service.Start] failed leaves a free key to the
+//     other agents for T (doubling with each further failure in a row, up
+//     to 8·T) before taking it again: putex would take it back on its
+//     next stroke, before a healthy standby's health check has run.
 //   - putex may keep a holder's renewal trying for up to F·R; here a renewal
 //     is bounded by the holder's own validity (T minus the margin), so the
 //     service stops before a standby may take over.

@@ -64,7 +64,7 @@ func ExampleClient_Supervisor() {
 	}
 	defer client.Close()
 	sup, err := client.Supervisor(fmt.Sprintf("example-service-%d", time.Now().UnixNano()), "this-host", natsputex.Service{
-		Start: func(context.Context) error { fmt.Println("start the service"); return nil },
+		Start: func(context.Context, uint64) error { fmt.Println("start the service"); return nil },
 		Stop:  func(context.Context) error { return nil },
 	})
 	if err != nil {

@@ -240,7 +240,7 @@ func TestSupervisorStartFails(t *testing.T) {
 	}
 	a := newClientOn(t, nc, js, bucket)
 	sup, err := a.Supervisor(key, "node-a", natsputex.Service{
-		Start: func(context.Context) error {
+		Start: func(context.Context, uint64) error {
 			record("start")
 			<-proceed // node-b is standby by now
 			return errors.New("cannot start (test)")

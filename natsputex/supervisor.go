@@ -74,15 +74,29 @@ func (e Event) String() string {
 // Service is what a [Supervisor] drives. Every field may be nil.
 type Service struct {
 	// Start unfences this node, fences the others and starts the service.
-	// It is called when the agent becomes active. Its context ends when
-	// the agent's hold would run out. An error counts as a failed health
-	// check: the agent runs Stop, then blanks the key and goes back to
-	// standby.
-	Start func(ctx context.Context) error
+	// It is called when the agent becomes active, with the hold's fencing
+	// token: the revision of the write that won the key, greater than the
+	// token of every earlier holder of the key and smaller than that of
+	// every later one (for the life of the bucket's stream: see the
+	// package doc). Pass it to the resources the service writes to, and
+	// have them refuse a token lower than the highest they have seen: a
+	// node that lost the key without knowing it yet (paused, cut off) is
+	// then refused. Start's context ends when the agent's hold would run
+	// out. An error counts as a failed health check: the agent runs Stop,
+	// then blanks the key, goes back to standby and leaves a free key to
+	// the other agents for T (twice as long after each further failure
+	// in a row, up to 8·T) before it takes it again.
+	Start func(ctx context.Context, token uint64) error
 
 	// Stop kills (or fences) the service on this node. It is called once
 	// when Run begins, whenever the agent stops being active, and when Run
-	// returns. Its context ends after T.
+	// returns. Its context ends after T + C·R, the most time it can have
+	// before a standby may start (it has at least margin + C·R: see the
+	// package doc). A Stop that returns an error, or that is still
+	// running when its context ends, has failed: the agent counts the
+	// service as running, says so, does not blank the key (a standby then
+	// waits for T without a write) and calls Stop again on each stroke
+	// until it succeeds.
 	Stop func(ctx context.Context) error
 
 	// Observe is told every [Event], in order, from the goroutine running
@@ -97,19 +111,38 @@ type Service struct {
 //
 // Each pump stroke lasts at least R (or the shorter renewal period of the
 // package doc, when T minus the safety margin is under 2·R). An agent
-// whose key is free (missing or blank) or holds its own token runs its
-// health check (told [Active]), rewrites the key at the revision it read,
-// and starts the service. An agent that finds another token stops its
-// service, runs its health check (told [Standby]) and waits until the key
-// has gone T = F·R without any write, by its own clock, then writes its
-// token at the revision it read (so only one waiter can win) and rewrites
-// it for C intervals before its next stroke starts the service. A failed write or health check, or
-// another token in the key, stops the service at once; after a failed
-// health check or Start, once Stop has returned, the key is blanked (one
-// attempt, at the agent's last revision). An active agent that has not
-// renewed for T minus the safety margin begins to stop its service by
-// itself, before any other agent may take over (the package doc says how
-// long Stop may then take).
+// that holds the key rewrites its token at the revision of its own last
+// write, every stroke, after its health check passes (told [Active]).
+// An agent that finds the key free (missing or blank) runs its health
+// check (told [Active]), writes its token at the revision it read, and
+// starts the service at once. An agent that finds another token stops its
+// service, runs its health check (told [Standby]) and waits until the
+// key has gone T = F·R without any write, by its own clock, then writes
+// its token at the revision it read (so only one waiter can win). After
+// such a takeover the agent confirms: it starts the service only once C
+// intervals (C·R) have passed since the start of its first write of the
+// hold that it saw succeed, every write since having succeeded too. An
+// agent finds its own token in the key without having written it when a
+// write's answer was lost (the write landed, or nats.go sent it again
+// after a reconnect): it then writes at the revision it read and
+// confirms for C intervals as after a takeover. Otherwise its own token
+// at a revision it did not write is another agent's, given the same
+// token by mistake, or an earlier run's: it waits for T without a write,
+// as for any other token, and says so; an agent holding the key that
+// finds its token written by someone else stops its service and says so.
+//
+// A failed write or health check, or another write in the key, stops the
+// service at once; after a failed health check or Start, once Stop has
+// returned, the key is blanked (one attempt, at the agent's last
+// revision). An active agent that has not renewed for T minus the safety
+// margin begins to stop its service by itself, before any other agent
+// may take over (the package doc says how long Stop may then take).
+//
+// The connection the client uses must reconnect for as long as the agent
+// runs: nats.go gives up after 60 attempts by default
+// (nats.MaxReconnects(-1) keeps trying), and waits 2s between
+// attempts (nats.ReconnectWait), during which an active agent cannot
+// renew: keep the wait well under R.
 //
 // A Supervisor's methods are safe for concurrent use; Run runs once at a
 // time.
@@ -121,13 +154,19 @@ type Supervisor struct {
 
 	running atomic.Bool
 
-	mu       sync.Mutex
-	phase    Phase
-	lastRev  uint64    // revision of our last successful write
-	deadline time.Time // when our hold runs out without a renewal
-	timer    *time.Timer
-	done     bool
-	holder   string // last holder reported to Observe
+	mu         sync.Mutex
+	phase      Phase
+	lastRev    uint64    // revision of our last successful write
+	holdRev    uint64    // revision of the write that won the current hold: its fencing token
+	heldSince  time.Time // when that write began: the confirmation clock
+	deadline   time.Time // when our hold runs out without a renewal
+	timer      *time.Timer
+	done       bool
+	holder     string    // last holder reported to Observe
+	pending    bool      // a write's answer was lost: it may have landed
+	holdOff    time.Time // no free key is taken before then (Start failed)
+	holdOffMsg bool      // the hold-off was reported
+	startFails int       // failed Starts in a row
 
 	svcMu sync.Mutex // serialises Start and Stop
 	up    bool       // the service may be running
@@ -161,7 +200,9 @@ func (s *Supervisor) Phase() Phase {
 // another agent takes over at once; a write under way when ctx ends is
 // finished first) and returns an error matching ctx.Err() (or
 // [locks.ErrClosed]), joined with the errors of that last stop and
-// release if any. Calling Run while it runs returns an error at once.
+// release if any. When that last Stop fails the key is not blanked, and
+// the error says the service may still run. Calling Run while it runs
+// returns an error at once.
 func (s *Supervisor) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("natsputex: supervisor %q: already running", s.key)
@@ -171,7 +212,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return s.c.closedErr("supervisor " + s.key)
 	}
 	s.mu.Lock()
-	s.phase, s.done, s.holder, s.lastRev = PhaseStandby, false, "", 0
+	s.phase, s.done, s.holder, s.lastRev, s.holdRev = PhaseStandby, false, "", 0, 0
+	s.pending, s.holdOff, s.holdOffMsg, s.startFails = false, time.Time{}, false, 0
 	s.mu.Unlock()
 
 	bctx, stop := s.c.bind(ctx)
@@ -183,7 +225,11 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	} else {
 		defer w.stop()
 	}
-	s.event(PhaseStandby, "starting: stopping the service", s.stopService(bctx, true))
+	if err := s.stopService(bctx, true); err != nil {
+		s.event(PhaseStandby, "starting: stopping the service failed; trying again each stroke", err)
+	} else {
+		s.event(PhaseStandby, "starting: service stopped", nil)
+	}
 	every := s.c.o.renewEvery()
 	for bctx.Err() == nil {
 		begin := time.Now()
@@ -196,6 +242,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 // stroke is one run of the pump, from Start to End in putex's chart but
 // for the final wait.
 func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
+	s.retryStop(ctx)
 	rctx, cancel := context.WithTimeout(ctx, s.c.o.renew)
 	r, err := s.c.st.read(rctx, s.key)
 	cancel()
@@ -213,18 +260,98 @@ func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 	default:
 		cl.see(0, r.rev)
 	}
-	if !r.free() && r.holder != s.token {
-		s.standby(ctx, r, cl, w)
+	if holding {
+		switch {
+		case r.rev <= lastRev: // our last write (an older one: a stale read)
+			s.renew(ctx)
+		case r.holder == s.token:
+			s.lose(ctx, r, fmt.Sprintf("the key holds this agent's token written by another agent (revision %d, this agent's last is %d): two agents have the same token", r.rev, lastRev))
+		case r.free():
+			s.lose(ctx, r, "the key was blanked or deleted by someone else")
+		default:
+			s.lose(ctx, r, "the key holds another token")
+		}
 		return
 	}
-	s.sunny(ctx, r)
+	pending := s.takePending()
+	switch {
+	case r.free():
+		s.takeFree(ctx, r)
+	case r.holder == s.token && pending:
+		s.takeLost(ctx, r)
+	default:
+		s.standby(ctx, r, cl, w)
+	}
 }
 
-// sunny is the path of a key that is free or ours: health check, renew,
-// start the service.
-func (s *Supervisor) sunny(ctx context.Context, r record) {
+// retryStop calls Stop again if an earlier Stop failed and the agent does
+// not hold the key.
+func (s *Supervisor) retryStop(ctx context.Context) {
+	if holding, _ := s.holding(); holding || !s.serviceUp() {
+		return
+	}
+	if err := s.stopService(ctx, false); err != nil {
+		s.event(PhaseStandby, "stopping the service failed again; trying again next stroke", err)
+		return
+	}
+	s.event(PhaseStandby, "service stopped", nil)
+}
+
+// renew is the path of a key the agent holds: health check (once the
+// confirmations are done), rewrite the token at the agent's own last
+// revision, and start the service when the confirmations are done.
+func (s *Supervisor) renew(ctx context.Context) {
+	s.mu.Lock()
+	phase, rev, since := s.phase, s.lastRev, s.heldSince
+	s.mu.Unlock()
+	due := phase == PhaseActive || time.Since(since) >= s.confirmFor()
+	if due {
+		if err := s.c.healthCheck(ctx, Active); err != nil {
+			if ctx.Err() == nil {
+				s.abort(ctx, "health check failed", err)
+			}
+			return
+		}
+	}
+	wctx, cancel := s.writeContext(ctx)
+	defer cancel()
+	start := time.Now()
+	nrev, err := s.c.st.renew(wctx, s.key, s.token, rev)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.writeFailed(err)
+			s.abort(ctx, "write failed", err)
+		}
+		return
+	}
+	s.wrote(nrev, start)
+	if phase == PhaseConfirming && due {
+		s.activate(ctx)
+	}
+}
+
+// confirmFor returns C·R, how long a new holder confirms its hold.
+func (s *Supervisor) confirmFor() time.Duration {
+	return time.Duration(s.c.o.confirm) * s.c.o.renew
+}
+
+// takeFree is the path of a free key: health check, write, start the
+// service at once.
+func (s *Supervisor) takeFree(ctx context.Context, r record) {
+	s.mu.Lock()
+	wait, said := time.Until(s.holdOff), s.holdOffMsg
+	s.holdOffMsg = s.holdOffMsg || wait > 0
+	s.mu.Unlock()
+	if wait > 0 {
+		if !said {
+			s.event(PhaseStandby, fmt.Sprintf("Start failed: leaving the free key to the other agents for %v", wait.Round(time.Millisecond)), nil)
+		}
+		return
+	}
 	if err := s.c.healthCheck(ctx, Active); err != nil {
-		s.abort(ctx, "health check failed", err)
+		if ctx.Err() == nil {
+			s.abort(ctx, "health check failed", err)
+		}
 		return
 	}
 	wctx, cancel := s.writeContext(ctx)
@@ -233,25 +360,84 @@ func (s *Supervisor) sunny(ctx context.Context, r record) {
 	rev, err := s.c.st.claim(wctx, s.key, s.token, r)
 	if err != nil {
 		if ctx.Err() == nil {
+			s.writeFailed(err)
 			s.abort(ctx, "write failed", err)
 		}
 		return
 	}
+	s.mu.Lock()
+	s.holdRev, s.heldSince = rev, start
+	s.mu.Unlock()
 	s.wrote(rev, start)
-	if s.Phase() != PhaseActive {
-		s.activate(ctx, rev)
+	s.activate(ctx)
+}
+
+// takeLost is the path of a key holding the agent's own token after a
+// write whose answer was lost: that write may have landed. The agent
+// writes at the revision it read and confirms, as after a takeover:
+// its first write it saw succeed starts the confirmation clock.
+func (s *Supervisor) takeLost(ctx context.Context, r record) {
+	if err := s.c.healthCheck(ctx, Standby); err != nil {
+		if ctx.Err() == nil {
+			s.event(PhaseStandby, "health check failed", err)
+		}
+		return
 	}
+	wctx, cancel := s.writeContext(ctx)
+	start := time.Now()
+	rev, err := s.c.st.claim(wctx, s.key, s.token, r)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.writeFailed(err)
+			s.event(PhaseStandby, "write failed", err, withHolder(r.holder, r.rev))
+		}
+		return
+	}
+	s.confirm(ctx, rev, start, "found its own token in the key after a write whose answer was lost")
+}
+
+// confirm enters PhaseConfirming after the write at rev, begun at start,
+// won the key; with C = 0 it starts the service at once.
+func (s *Supervisor) confirm(ctx context.Context, rev uint64, start time.Time, why string) {
+	s.mu.Lock()
+	s.phase, s.holdRev, s.heldSince = PhaseConfirming, rev, start
+	s.mu.Unlock()
+	s.wrote(rev, start)
+	s.event(PhaseConfirming, fmt.Sprintf("%s; confirming for %d interval(s)", why, s.c.o.confirm), nil, withHolder(s.token, rev))
+	if s.c.o.confirm == 0 {
+		s.activate(ctx)
+	}
+}
+
+// writeFailed notes a failed write whose answer may have been lost (any
+// error but a conflict): it may have landed.
+func (s *Supervisor) writeFailed(err error) {
+	if isConflict(err) {
+		return
+	}
+	s.mu.Lock()
+	s.pending = true
+	s.mu.Unlock()
+}
+
+// takePending reports, and forgets, whether a write's answer was lost.
+func (s *Supervisor) takePending() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.pending
+	s.pending = false
+	return p
 }
 
 // standby is the path of a key held by another token: stop the service,
 // wait for T of silence, take over, confirm.
 func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch) {
-	if holding, _ := s.holding(); holding {
-		s.lose(ctx, r, "the key holds another token")
-	}
 	s.seeHolder(r)
 	if err := s.c.healthCheck(ctx, Standby); err != nil {
-		s.event(PhaseStandby, "health check failed", err)
+		if ctx.Err() == nil {
+			s.event(PhaseStandby, "health check failed", err)
+		}
 		return
 	}
 	T := s.c.o.ttl()
@@ -279,7 +465,9 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 		}
 	}
 	if err := s.c.healthCheck(ctx, Standby); err != nil {
-		s.event(PhaseStandby, "health check failed before the takeover", err)
+		if ctx.Err() == nil {
+			s.event(PhaseStandby, "health check failed before the takeover", err)
+		}
 		return
 	}
 	wctx, cancel := s.writeContext(ctx)
@@ -288,48 +476,26 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
+			s.writeFailed(err)
 			s.event(PhaseStandby, "takeover failed", err, withHolder(r.holder, r.rev))
 		}
 		return
 	}
-	s.setPhase(PhaseConfirming)
-	s.wrote(rev, start)
-	s.event(PhaseConfirming, fmt.Sprintf("took the key over after %v without a write; confirming for %d interval(s)", T, s.c.o.confirm), nil)
-	steps := s.c.o.confirmSteps()
-	if steps == 0 {
-		s.activate(ctx, rev)
-		return
-	}
-	for i := 1; i <= steps; i++ {
-		if sleepCtx(ctx, s.c.o.renewEvery()) != nil {
-			return
-		}
-		if i == steps {
-			return // the next stroke renews and starts the service
-		}
-		wctx, cancel := s.writeContext(ctx)
-		start := time.Now()
-		nrev, err := s.c.st.renew(wctx, s.key, s.token, rev)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				s.lose(ctx, record{}, "confirmation write failed: "+err.Error())
-			}
-			return
-		}
-		rev = nrev
-		s.wrote(rev, start)
+	s.confirm(ctx, rev, start, fmt.Sprintf("took the key over after %v without a write", T))
+	if s.c.o.confirm > 0 {
+		// The next stroke renews: one interval after this write.
+		_ = sleepCtx(ctx, s.c.o.renewEvery())
 	}
 }
 
 // activate starts the service and enters PhaseActive, unless Run is
 // ending (its shutdown then blanks the key).
-func (s *Supervisor) activate(ctx context.Context, rev uint64) {
+func (s *Supervisor) activate(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
 	s.mu.Lock()
-	dl := s.deadline
+	dl, token := s.deadline, s.holdRev
 	s.mu.Unlock()
 	sctx, cancel := context.WithDeadline(ctx, dl)
 	defer cancel()
@@ -337,33 +503,42 @@ func (s *Supervisor) activate(ctx context.Context, rev uint64) {
 	s.up = true
 	var err error
 	if s.svc.Start != nil {
-		err = protect(func() error { return s.svc.Start(sctx) })
+		err = protect(func() error { return s.svc.Start(sctx, token) })
 	}
 	s.svcMu.Unlock()
 	if err != nil {
 		s.abort(ctx, "starting the service failed", err)
+		s.mu.Lock()
+		s.startFails++
+		s.holdOff = time.Now().Add(s.c.o.ttl() << min(s.startFails-1, 3))
+		s.holdOffMsg = false
+		s.mu.Unlock()
 		return
 	}
 	s.mu.Lock()
 	held := s.phase != PhaseStandby || !s.deadline.Before(time.Now())
 	if held {
 		s.phase = PhaseActive
+		s.holder = s.token
+		s.startFails = 0
 	}
 	s.mu.Unlock()
 	if !held { // the hold ran out while the service started
-		s.event(PhaseStandby, "the hold ran out while the service started", s.stopService(ctx, false))
+		if err := s.stopService(ctx, false); err != nil {
+			s.event(PhaseStandby, "the hold ran out while the service started: stopping the service failed; trying again next stroke", err)
+		} else {
+			s.event(PhaseStandby, "the hold ran out while the service started: service stopped", nil)
+		}
 		return
 	}
-	s.mu.Lock()
-	s.holder = s.token
-	s.mu.Unlock()
-	s.event(PhaseActive, "active: service started", nil, withHolder(s.token, rev))
+	s.event(PhaseActive, fmt.Sprintf("active: service started with fencing token %d", token), nil, withHolder(s.token, token))
 }
 
 // abort stops the service, then makes one attempt to blank the key, and
 // goes back to standby. Stop comes first (putex's chart blanks first): a
 // blank key is taken at once, so blanking it while Stop still runs would
-// let another agent start its service before this one has stopped.
+// let another agent start its service before this one has stopped. When
+// Stop fails the key is not blanked at all.
 func (s *Supervisor) abort(ctx context.Context, why string, cause error) {
 	_, rev := s.holding()
 	s.disarm(PhaseStandby)
@@ -371,7 +546,11 @@ func (s *Supervisor) abort(ctx context.Context, why string, cause error) {
 	if s.serviceUp() {
 		what = ": service stopped"
 	}
-	errs := []error{cause, s.stopService(ctx, false)}
+	if err := s.stopService(ctx, false); err != nil {
+		s.event(PhaseStandby, why+": stopping the service failed; the key is not blanked, Stop is tried again next stroke", errors.Join(cause, err))
+		return
+	}
+	errs := []error{cause}
 	if rev != 0 {
 		errs = append(errs, s.blank(ctx, rev, s.c.o.renew))
 	}
@@ -379,7 +558,7 @@ func (s *Supervisor) abort(ctx context.Context, why string, cause error) {
 }
 
 // serviceUp says whether the service may be running: Start was called
-// and Stop has not been since.
+// and no Stop has succeeded since.
 func (s *Supervisor) serviceUp() bool {
 	s.svcMu.Lock()
 	defer s.svcMu.Unlock()
@@ -408,8 +587,15 @@ func (s *Supervisor) blank(ctx context.Context, rev uint64, timeout time.Duratio
 // lose stops the service after the key was taken away.
 func (s *Supervisor) lose(ctx context.Context, r record, why string) {
 	s.disarm(PhaseStandby)
-	err := s.stopService(ctx, false)
-	s.event(PhaseStandby, why+": service stopped", err, withHolder(r.holder, r.rev))
+	what := ": service not running"
+	if s.serviceUp() {
+		what = ": service stopped"
+	}
+	if err := s.stopService(ctx, false); err != nil {
+		s.event(PhaseStandby, why+": stopping the service failed; trying again next stroke", err, withHolder(r.holder, r.rev))
+		return
+	}
+	s.event(PhaseStandby, why+what, nil, withHolder(r.holder, r.rev))
 }
 
 // wrote records a successful write that started at start and arms the
@@ -441,10 +627,16 @@ func (s *Supervisor) expire() {
 	}
 	s.phase = PhaseStandby
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), s.c.o.ttl())
-	defer cancel()
-	err := s.stopService(ctx, false)
-	s.event(PhaseStandby, "no successful write for T minus the safety margin: service stopped", err)
+	const why = "no successful write for T minus the safety margin"
+	what := ": service not running"
+	if s.serviceUp() {
+		what = ": service stopped"
+	}
+	if err := s.stopService(context.Background(), false); err != nil {
+		s.event(PhaseStandby, why+": stopping the service failed; trying again next stroke", err)
+		return
+	}
+	s.event(PhaseStandby, why+what, nil)
 }
 
 // disarm leaves the holding phases.
@@ -455,12 +647,6 @@ func (s *Supervisor) disarm(p Phase) {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
-}
-
-func (s *Supervisor) setPhase(p Phase) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.phase = p
 }
 
 // holding reports whether the agent believes it holds the key, and the
@@ -486,22 +672,40 @@ func (s *Supervisor) writeContext(ctx context.Context) (context.Context, context
 	return context.WithTimeout(ctx, s.c.o.renew)
 }
 
+// stopBudget returns T + C·R, how long Stop may run: a standby starts no
+// sooner than T + C·R after the agent's last write, which was at the
+// latest when Stop began.
+func (s *Supervisor) stopBudget() time.Duration {
+	return s.c.o.ttl() + s.confirmFor()
+}
+
 // stopService runs Stop if the service may be up, or always when force.
+// Until a Stop succeeds the service counts as up.
 func (s *Supervisor) stopService(ctx context.Context, force bool) error {
 	s.svcMu.Lock()
 	defer s.svcMu.Unlock()
 	if !s.up && !force {
 		return nil
 	}
-	s.up = false
 	if s.svc.Stop == nil {
+		s.up = false
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.o.ttl())
+	budget := s.stopBudget()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
 	defer cancel()
-	if err := protect(func() error { return s.svc.Stop(ctx) }); err != nil {
+	err := protect(func() error { return s.svc.Stop(ctx) })
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err() // it returned, but too late
+	}
+	if err != nil {
+		s.up = true
+		if ctx.Err() != nil {
+			return fmt.Errorf("stopping the service: not done within T + C·R = %v: %w", budget, err)
+		}
 		return fmt.Errorf("stopping the service: %w", err)
 	}
+	s.up = false
 	return nil
 }
 
@@ -511,7 +715,11 @@ func (s *Supervisor) seeHolder(r record) {
 	changed := s.holder != r.holder
 	s.holder = r.holder
 	s.mu.Unlock()
-	if changed {
+	switch {
+	case !changed:
+	case r.holder == s.token:
+		s.event(PhaseStandby, "standby: the key holds this agent's own token, which it did not write: another agent has the same token (tokens must be unique), or an earlier run of this agent died holding the key; waiting for T without a write", nil, withHolder(r.holder, r.rev))
+	default:
 		s.event(PhaseStandby, "standby: the key is held by another agent", nil, withHolder(r.holder, r.rev))
 	}
 }
@@ -519,7 +727,7 @@ func (s *Supervisor) seeHolder(r record) {
 // shutdown ends Run: stop the service, blank the key if it still holds
 // the agent's last write (at that revision only: unlike a lease's
 // release, it does not re-read the key, since a successor may carry the
-// same token).
+// same token), unless Stop failed.
 func (s *Supervisor) shutdown(ctx context.Context) error {
 	_, rev := s.holding()
 	s.mu.Lock()
@@ -534,12 +742,15 @@ func (s *Supervisor) shutdown(ctx context.Context) error {
 		errs[0] = s.c.closedErr("supervisor " + s.key)
 	}
 	// Stop runs when Run returns, also from standby (see [Service.Stop]).
-	errs = append(errs, s.stopService(ctx, true))
-	if rev != 0 {
+	msg := "stopped"
+	if err := s.stopService(ctx, true); err != nil {
+		msg = "stopped; stopping the service failed: it may still run, and the key was not blanked"
+		errs = append(errs, err)
+	} else if rev != 0 {
 		errs = append(errs, s.blank(ctx, rev, s.c.o.ttl()))
 	}
 	err := errors.Join(errs...)
-	s.event(PhaseStopped, "stopped", nil)
+	s.event(PhaseStopped, msg, nil)
 	return fmt.Errorf("natsputex: supervisor %q: %w", s.key, err)
 }
 

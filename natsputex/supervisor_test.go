@@ -33,15 +33,56 @@ type agent struct {
 	// stopDelay makes Stop take this long (a time.Duration) before the
 	// service stops.
 	stopDelay atomic.Int64
+	// stopHonoursCtx makes a slow Stop give up when its context ends,
+	// leaving the service running, as a stop command killed at its
+	// deadline does.
+	stopHonoursCtx atomic.Bool
+	// failStop makes Stop fail, leaving the service running, while set.
+	failStop            atomic.Bool
+	stopCalls, stopsCut atomic.Int32 // Stop calls; those cut short by their context
+
+	// hcDelay makes the health check take this long (a time.Duration).
+	hcDelay atomic.Int64
+	// failStart makes Start fail while set.
+	failStart     atomic.Bool
+	startFailures atomic.Int32
 
 	mu      sync.Mutex
 	exit    func() // ends the open service interval, nil when stopped
 	dead    bool
 	started []time.Time
 	stopped []time.Time
+	tokens  []uint64 // the fencing token each Start was given
+	events  []natsputex.Event
+}
+
+// sawEvent reports whether the agent was told of an event matching f.
+func (a *agent) sawEvent(f func(natsputex.Event) bool) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.ContainsFunc(a.events, f)
+}
+
+// sleepCtx waits for d or until ctx ends, and returns ctx's error then.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 func startAgent(t *testing.T, url, bucket, key, name string, h *contracttest.History) *agent {
+	t.Helper()
+	return startAgentWith(t, url, bucket, key, name, name, h)
+}
+
+// startAgentWith starts an agent named name whose token is token, with
+// opts after the suite's timing.
+func startAgentWith(t *testing.T, url, bucket, key, name, token string, h *contracttest.History, opts ...natsputex.Option) *agent {
 	t.Helper()
 	nc, js, err := connect(url)
 	if err != nil {
@@ -50,35 +91,64 @@ func startAgent(t *testing.T, url, bucket, key, name string, h *contracttest.His
 	a := &agent{t: t, name: name, nc: nc, history: h, done: make(chan error, 1)}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	a.cancel = cancel
-	c, err := natsputex.New(ctx, js, bucket,
+	base := []natsputex.Option{
 		natsputex.WithRenewInterval(testR), natsputex.WithFailureThreshold(testF), natsputex.WithConfirmations(testC),
 		natsputex.WithHealthCheck(func(ctx context.Context, s natsputex.State) error {
+			if d := time.Duration(a.hcDelay.Load()); d > 0 {
+				if err := sleepCtx(ctx, d); err != nil {
+					return err
+				}
+			}
 			if a.failHC.Load() {
 				return errors.New("unhealthy (test)")
 			}
 			return nil
-		}))
+		}),
+	}
+	c, err := natsputex.New(ctx, js, bucket, append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.sup, err = c.Supervisor(key, name, natsputex.Service{
-		Start: func(context.Context) error {
+	a.sup, err = c.Supervisor(key, token, natsputex.Service{
+		Start: func(_ context.Context, fence uint64) error {
+			if a.failStart.Load() {
+				a.startFailures.Add(1)
+				return errors.New("cannot start (test)")
+			}
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			if a.exit == nil && !a.dead {
-				a.exit = h.Enter(name, 0)
+				a.exit = h.Enter(name, fence)
 				a.started = append(a.started, time.Now())
+				a.tokens = append(a.tokens, fence)
 			}
 			return nil
 		},
-		Stop: func(context.Context) error {
-			time.Sleep(time.Duration(a.stopDelay.Load()))
+		Stop: func(ctx context.Context) error {
+			a.stopCalls.Add(1)
+			if a.failStop.Load() {
+				return errors.New("cannot stop (test)")
+			}
+			d := time.Duration(a.stopDelay.Load())
+			if a.stopHonoursCtx.Load() {
+				if err := sleepCtx(ctx, d); err != nil {
+					a.stopsCut.Add(1)
+					return err // killed: the service runs on
+				}
+			} else {
+				time.Sleep(d)
+			}
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			a.stopLocked()
 			return nil
 		},
-		Observe: func(e natsputex.Event) { t.Logf("%s: %v", name, e) },
+		Observe: func(e natsputex.Event) {
+			t.Logf("%s: %v", name, e)
+			a.mu.Lock()
+			a.events = append(a.events, e)
+			a.mu.Unlock()
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -478,7 +548,7 @@ func (r *serviceCalls) service(t *testing.T, name string) natsputex.Service {
 		return nil
 	}
 	return natsputex.Service{
-		Start: func(context.Context) error { return record("start") },
+		Start: func(context.Context, uint64) error { return record("start") },
 		Stop:  func(context.Context) error { return record("stop") },
 		Observe: func(e natsputex.Event) {
 			t.Logf("%s: %v", name, e)

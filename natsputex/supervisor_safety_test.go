@@ -1,0 +1,183 @@
+package natsputex_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/contracttest"
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/natsputex"
+)
+
+// firstBy returns the first write seen of value token, and whether there
+// is one.
+func (w *keyWatch) firstBy(token string) (keyWrite, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, kw := range w.writes {
+		if kw.value == token {
+			return kw, true
+		}
+	}
+	return keyWrite{}, false
+}
+
+// otherAgents returns agents but a.
+func otherAgents(a *agent, agents ...*agent) []*agent {
+	var others []*agent
+	for _, o := range agents {
+		if o != a {
+			others = append(others, o)
+		}
+	}
+	return others
+}
+
+// TestSupervisorLostTakeoverReply: a standby whose takeover write lands
+// but whose answer is lost (its proxy drops every reply) finds its own
+// token in the key on a later stroke. It must not start its service at
+// once: it starts only after C full intervals of its own writes that it
+// saw succeed, so no sooner than C·R after the takeover write landed
+// (C = 8 here: 800ms, far above the time it takes to reconnect and read
+// the key again).
+func TestSupervisorLostTakeoverReply(t *testing.T) {
+	const C = 8
+	url, bucket, key := supervisorEnv(t)
+	writes := watchWrites(t, url, bucket, key)
+	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
+	h := contracttest.NewHistory(1)
+	a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, natsputex.WithConfirmations(C))
+	waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+	b := startAgentWith(t, "nats://"+proxy.Addr(), bucket, key, "node-b", "node-b", h, natsputex.WithConfirmations(C))
+	waitFor(t, 5*time.Second, "node-b is standby", func() bool {
+		return b.sawEvent(func(e natsputex.Event) bool { return e.Holder == "node-a" })
+	})
+	time.Sleep(2 * testR)
+	a.kill()
+	// node-b takes over T after node-a's last write; drop its replies
+	// from halfway there, once that write has reached node-b.
+	time.Sleep(time.Until(writes.lastWrite().Add(testF * testR / 2)))
+	proxy.DropReplies()
+	waitFor(t, 3*testF*testR+time.Second, "node-b's takeover write reaches the key", func() bool {
+		_, ok := writes.firstBy("node-b")
+		return ok
+	})
+	takeover, _ := writes.firstBy("node-b")
+	time.Sleep(testR / 2) // node-b's write times out
+	proxy.Restore()
+	waitFor(t, (testF+C+4)*testR+2*time.Second, "node-b starts its service", b.running)
+	after := b.lastStart().Sub(takeover.created)
+	t.Logf("node-b's takeover write (revision %d) lost its answer; node-b started its service %v after that write (C·R = %v)",
+		takeover.rev, after.Round(time.Millisecond), C*testR)
+	if after < C*testR {
+		t.Errorf("node-b started its service %v after its takeover write, before C·R = %v: it skipped the confirmations", after, C*testR)
+	}
+	b.stop()
+	if err := h.Check(); err != nil {
+		t.Fatalf("services overlapped: %v", err)
+	}
+}
+
+// TestSupervisorDuplicateToken: agents must have distinct tokens. When
+// two are given the same one, at most one runs the service: an agent that
+// finds its token in the key written by someone else stops its service
+// (if it runs) and says so, and one that did not write it does not start
+// on it.
+func TestSupervisorDuplicateToken(t *testing.T) {
+	dupEvent := func(e natsputex.Event) bool { return strings.Contains(e.Msg, "same token") }
+
+	t.Run("TwoAgents", func(t *testing.T) {
+		url, bucket, key := supervisorEnv(t)
+		h := contracttest.NewHistory(1)
+		a := startAgentWith(t, url, bucket, key, "agent-1", "node-x", h)
+		waitFor(t, 5*time.Second, "agent-1 starts its service", a.running)
+		b := startAgentWith(t, url, bucket, key, "agent-2", "node-x", h)
+		time.Sleep(3 * (testF + testC) * testR)
+		waitFor(t, 2*time.Second, "an agent says its token is someone else's too", func() bool {
+			return a.sawEvent(dupEvent) || b.sawEvent(dupEvent)
+		})
+		a.stop()
+		b.stop()
+		if err := h.Check(); err != nil {
+			t.Fatalf("two agents with the same token ran the service at once: %v", err)
+		}
+	})
+
+	t.Run("WrittenBehindItsBack", func(t *testing.T) {
+		url, bucket, key := supervisorEnv(t)
+		kv := mustBucket(t, url, bucket)
+		a := startAgentWith(t, url, bucket, key, "agent-1", "node-x", contracttest.NewHistory(1))
+		waitFor(t, 5*time.Second, "agent-1 starts its service", a.running)
+		time.Sleep(2 * testR)
+		if _, err := kv.Put(context.Background(), key, []byte("node-x")); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, 2*testR+time.Second, "agent-1 stops its service", func() bool { return !a.running() })
+		t.Logf("agent-1 stopped %v after another wrote its token", took.Round(time.Millisecond))
+		waitFor(t, time.Second, "agent-1 says that someone else writes its token", func() bool { return a.sawEvent(dupEvent) })
+	})
+}
+
+// TestSupervisorStopBudget: Stop gets the time the docs give it: with
+// R = 100ms, F = 3, C = 6, T = 300ms, an agent that stops its service
+// after a failed health check has at least margin + C·R = 650ms before a
+// standby may start, so a Stop of 500ms is not cut short at T. A Stop
+// that fails is not reported as done: the key is not blanked while the
+// service may run, and Stop is tried again.
+func TestSupervisorStopBudget(t *testing.T) {
+	const C = 6
+	stopped := func(e natsputex.Event) bool {
+		return strings.Contains(e.Msg, "service stopped") && e.Err != nil && strings.Contains(e.Err.Error(), "stopping the service")
+	}
+	t.Run("SlowStop", func(t *testing.T) {
+		url, bucket, key := supervisorEnv(t)
+		h := contracttest.NewHistory(1)
+		a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, natsputex.WithConfirmations(C))
+		waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+		b := startAgentWith(t, url, bucket, key, "node-b", "node-b", h, natsputex.WithConfirmations(C))
+		time.Sleep(3 * testR)
+		a.stopHonoursCtx.Store(true)
+		a.stopDelay.Store(int64(500 * time.Millisecond))
+		a.failHC.Store(true)
+		waitFor(t, (testF+C+2)*testR+2*time.Second, "node-b starts its service", b.running)
+		if n := a.stopsCut.Load(); n > 0 {
+			t.Errorf("node-a's Stop of 500ms was cut short %d time(s), though it has margin + C·R = %v", n, testR/2+C*testR)
+		}
+		if a.sawEvent(stopped) {
+			t.Error("node-a said its service stopped though Stop failed")
+		}
+		a.stop()
+		b.stop()
+		if err := h.Check(); err != nil {
+			t.Fatalf("services overlapped: %v", err)
+		}
+	})
+	t.Run("FailedStop", func(t *testing.T) {
+		url, bucket, key := supervisorEnv(t)
+		h := contracttest.NewHistory(1)
+		a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, natsputex.WithConfirmations(C))
+		waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+		b := startAgentWith(t, url, bucket, key, "node-b", "node-b", h, natsputex.WithConfirmations(C))
+		time.Sleep(3 * testR)
+		a.failStop.Store(true)
+		a.failHC.Store(true)
+		waitFor(t, 2*time.Second, "node-a tries to stop its service", func() bool { return a.stopCalls.Load() > 1 })
+		time.Sleep(2 * testR)
+		a.failStop.Store(false) // the next attempt works
+		waitFor(t, 2*time.Second, "node-a stops its service", func() bool { return !a.running() })
+		waitFor(t, (testF+C+2)*testR+2*time.Second, "node-b starts its service", b.running)
+		if n := a.stopCalls.Load(); n < 3 {
+			t.Errorf("node-a called Stop %d times: a failed Stop was not tried again", n)
+		}
+		if a.sawEvent(stopped) {
+			t.Error("node-a said its service stopped though Stop failed")
+		}
+		a.stop()
+		b.stop()
+		if err := h.Check(); err != nil {
+			t.Fatalf("services overlapped: %v", err)
+		}
+	})
+}
