@@ -2,6 +2,7 @@ package natsputex_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -48,9 +49,9 @@ func TestSupervisorLostTakeoverReply(t *testing.T) {
 	writes := watchWrites(t, url, bucket, key)
 	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
 	h := contracttest.NewHistory(1)
-	a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, natsputex.WithConfirmations(C))
+	a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, nil, natsputex.WithConfirmations(C))
 	waitFor(t, 5*time.Second, "node-a starts its service", a.running)
-	b := startAgentWith(t, "nats://"+proxy.Addr(), bucket, key, "node-b", "node-b", h, natsputex.WithConfirmations(C))
+	b := startAgentWith(t, "nats://"+proxy.Addr(), bucket, key, "node-b", "node-b", h, nil, natsputex.WithConfirmations(C))
 	waitFor(t, 5*time.Second, "node-b is standby", func() bool {
 		return b.sawEvent(func(e natsputex.Event) bool { return e.Holder == "node-a" })
 	})
@@ -91,9 +92,9 @@ func TestSupervisorDuplicateToken(t *testing.T) {
 	t.Run("TwoAgents", func(t *testing.T) {
 		url, bucket, key := supervisorEnv(t)
 		h := contracttest.NewHistory(1)
-		a := startAgentWith(t, url, bucket, key, "agent-1", "node-x", h)
+		a := startAgentWith(t, url, bucket, key, "agent-1", "node-x", h, nil)
 		waitFor(t, 5*time.Second, "agent-1 starts its service", a.running)
-		b := startAgentWith(t, url, bucket, key, "agent-2", "node-x", h)
+		b := startAgentWith(t, url, bucket, key, "agent-2", "node-x", h, nil)
 		time.Sleep(3 * (testF + testC) * testR)
 		waitFor(t, 2*time.Second, "an agent says its token is someone else's too", func() bool {
 			return a.sawEvent(dupEvent) || b.sawEvent(dupEvent)
@@ -108,7 +109,7 @@ func TestSupervisorDuplicateToken(t *testing.T) {
 	t.Run("WrittenBehindItsBack", func(t *testing.T) {
 		url, bucket, key := supervisorEnv(t)
 		kv := mustBucket(t, url, bucket)
-		a := startAgentWith(t, url, bucket, key, "agent-1", "node-x", contracttest.NewHistory(1))
+		a := startAgentWith(t, url, bucket, key, "agent-1", "node-x", contracttest.NewHistory(1), nil)
 		waitFor(t, 5*time.Second, "agent-1 starts its service", a.running)
 		time.Sleep(2 * testR)
 		if _, err := kv.Put(context.Background(), key, []byte("node-x")); err != nil {
@@ -134,9 +135,9 @@ func TestSupervisorStopBudget(t *testing.T) {
 	t.Run("SlowStop", func(t *testing.T) {
 		url, bucket, key := supervisorEnv(t)
 		h := contracttest.NewHistory(1)
-		a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, natsputex.WithConfirmations(C))
+		a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, nil, natsputex.WithConfirmations(C))
 		waitFor(t, 5*time.Second, "node-a starts its service", a.running)
-		b := startAgentWith(t, url, bucket, key, "node-b", "node-b", h, natsputex.WithConfirmations(C))
+		b := startAgentWith(t, url, bucket, key, "node-b", "node-b", h, nil, natsputex.WithConfirmations(C))
 		time.Sleep(3 * testR)
 		a.stopHonoursCtx.Store(true)
 		a.stopDelay.Store(int64(500 * time.Millisecond))
@@ -157,9 +158,9 @@ func TestSupervisorStopBudget(t *testing.T) {
 	t.Run("FailedStop", func(t *testing.T) {
 		url, bucket, key := supervisorEnv(t)
 		h := contracttest.NewHistory(1)
-		a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, natsputex.WithConfirmations(C))
+		a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, nil, natsputex.WithConfirmations(C))
 		waitFor(t, 5*time.Second, "node-a starts its service", a.running)
-		b := startAgentWith(t, url, bucket, key, "node-b", "node-b", h, natsputex.WithConfirmations(C))
+		b := startAgentWith(t, url, bucket, key, "node-b", "node-b", h, nil, natsputex.WithConfirmations(C))
 		time.Sleep(3 * testR)
 		a.failStop.Store(true)
 		a.failHC.Store(true)
@@ -180,4 +181,65 @@ func TestSupervisorStopBudget(t *testing.T) {
 			t.Fatalf("services overlapped: %v", err)
 		}
 	})
+}
+
+// TestSupervisorStartFailsYields: an agent whose Start keeps failing
+// leaves the key it blanks to the others: a healthy agent whose health
+// check takes 150ms (longer than a stroke of the failing agent, R =
+// 100ms) starts its service within 2·T + 1s of starting, every time.
+func TestSupervisorStartFailsYields(t *testing.T) {
+	const bound = 2*testF*testR + time.Second
+	for round := range 3 {
+		url, bucket, key := supervisorEnv(t)
+		h := contracttest.NewHistory(1)
+		a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, func(a *agent) { a.failStart.Store(true) })
+		waitFor(t, 5*time.Second, "node-a's Start fails", func() bool { return a.startFailures.Load() > 0 })
+		b := startAgentWith(t, url, bucket, key, "node-b", "node-b", h, func(b *agent) { b.hcDelay.Store(int64(150 * time.Millisecond)) })
+		took := waitFor(t, bound, "the healthy node-b starts its service", b.running)
+		t.Logf("round %d: node-b started its service %v after it began (node-a's Start failed %d time(s))", round, took.Round(time.Millisecond), a.startFailures.Load())
+		a.stop()
+		b.stop()
+		if err := h.Check(); err != nil {
+			t.Fatalf("services overlapped: %v", err)
+		}
+	}
+}
+
+// TestSupervisorStartGetsToken: Start is given the hold's fencing token,
+// the revision of the write that won the key: the key's revision when the
+// agent took it, and greater for each later holder.
+func TestSupervisorStartGetsToken(t *testing.T) {
+	url, bucket, key := supervisorEnv(t)
+	writes := watchWrites(t, url, bucket, key)
+	h := contracttest.NewHistory(1)
+	a := startAgent(t, url, bucket, key, "node-a", h)
+	waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+	b := startAgent(t, url, bucket, key, "node-b", h)
+	time.Sleep(3 * testR)
+	a.kill()
+	waitFor(t, handoverBound+time.Second, "node-b starts its service", b.running)
+	b.stop()
+	first := func(token string) uint64 {
+		w, ok := writes.firstBy(token)
+		if !ok {
+			t.Fatalf("no write of %s seen", token)
+		}
+		return w.rev
+	}
+	a.mu.Lock()
+	ta := slices.Clone(a.tokens)
+	a.mu.Unlock()
+	b.mu.Lock()
+	tb := slices.Clone(b.tokens)
+	b.mu.Unlock()
+	t.Logf("fencing tokens: node-a %v, node-b %v", ta, tb)
+	if len(ta) != 1 || len(tb) != 1 {
+		t.Fatalf("Start calls: node-a %d, node-b %d; want one each", len(ta), len(tb))
+	}
+	if ta[0] != first("node-a") || tb[0] != first("node-b") {
+		t.Errorf("Start got tokens %d and %d, want the revisions of the writes that won the key: %d and %d", ta[0], tb[0], first("node-a"), first("node-b"))
+	}
+	if tb[0] <= ta[0] {
+		t.Errorf("the later holder's token %d is not greater than the earlier one's %d", tb[0], ta[0])
+	}
 }

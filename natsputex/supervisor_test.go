@@ -77,18 +77,22 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 func startAgent(t *testing.T, url, bucket, key, name string, h *contracttest.History) *agent {
 	t.Helper()
-	return startAgentWith(t, url, bucket, key, name, name, h)
+	return startAgentWith(t, url, bucket, key, name, name, h, nil)
 }
 
 // startAgentWith starts an agent named name whose token is token, with
-// opts after the suite's timing.
-func startAgentWith(t *testing.T, url, bucket, key, name, token string, h *contracttest.History, opts ...natsputex.Option) *agent {
+// opts after the suite's timing; prepare, if not nil, sets the agent's
+// faults before it runs.
+func startAgentWith(t *testing.T, url, bucket, key, name, token string, h *contracttest.History, prepare func(*agent), opts ...natsputex.Option) *agent {
 	t.Helper()
 	nc, js, err := connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := &agent{t: t, name: name, nc: nc, history: h, done: make(chan error, 1)}
+	if prepare != nil {
+		prepare(a)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	a.cancel = cancel
 	base := []natsputex.Option{
