@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -18,6 +19,13 @@ var (
 
 	// ErrExists reports a [Admin.Create] of a semaphore that has slots.
 	ErrExists = errors.New("amqpsem: semaphore exists")
+
+	// ErrOtherLayout reports a create or resize refused because the name
+	// has slot queues in another of this package's layouts ([DefaultLayout],
+	// [PythonLayout]): a semaphore of the other layout exists, and creating
+	// one beside it would let clients of each layout hold slots of the same
+	// name, more than either's count.
+	ErrOtherLayout = errors.New("amqpsem: the name is a semaphore of another layout")
 )
 
 // Admin administers persistent semaphores as the specification says:
@@ -63,19 +71,21 @@ func (a *Admin) Max(ctx context.Context, name string) (int, error) {
 }
 
 func (a *Admin) max(ctx context.Context, name string) (int, error) {
-	n, err := a.firstMissing(ctx, 1, func(i int) string { return a.opts.layout.Slot(name, i) })
+	lay := a.opts.layout
+	n, err := a.firstMissing(ctx, 1, lay.SlotLimit(name), func(i int) string { return lay.Slot(name, i) })
 	if err != nil {
 		return 0, fmt.Errorf("amqpsem: maximum of %q: %w", name, err)
 	}
 	return n - 1, nil
 }
 
-// firstMissing probes queue(from), queue(from+1)... in pipelined windows
-// and returns the first index whose queue does not exist.
-func (a *Admin) firstMissing(ctx context.Context, from int, queue func(int) string) (int, error) {
+// firstMissing probes queue(from), queue(from+1)... up to queue(limit) in
+// pipelined windows and returns the first index whose queue does not
+// exist, or limit+1.
+func (a *Admin) firstMissing(ctx context.Context, from, limit int, queue func(int) string) (int, error) {
 	size := 8
-	for lo := from; lo <= MaxSlots+1; {
-		hi := min(lo+size-1, MaxSlots+1)
+	for lo := from; lo <= limit; {
+		hi := min(lo+size-1, limit)
 		qs := make([]string, 0, hi-lo+1)
 		for i := lo; i <= hi; i++ {
 			qs = append(qs, queue(i))
@@ -91,7 +101,7 @@ func (a *Admin) firstMissing(ctx context.Context, from int, queue func(int) stri
 		}
 		lo, size = hi+1, min(size*4, maxBatch)
 	}
-	return MaxSlots + 1, nil
+	return limit + 1, nil
 }
 
 // Change is the outcome of an administrative change: the maximum found
@@ -100,23 +110,100 @@ type Change struct {
 	Before, After int
 }
 
+// OtherLayouts returns the names of this package's other layouts
+// ([DefaultLayout], [PythonLayout]) in which name has a first slot queue:
+// a semaphore of that layout exists. It does not take the mutex: the
+// answer is a snapshot.
+func (a *Admin) OtherLayouts(ctx context.Context, name string) ([]string, error) {
+	if err := a.opts.layout.checkSemName(name); err != nil {
+		return nil, err
+	}
+	found, err := a.otherLayouts(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, f := range found {
+		names = append(names, f.layout)
+	}
+	return names, nil
+}
+
+// otherLayout is a layout in which a name has slot queues.
+type otherLayout struct{ layout, queue string }
+
+func (o otherLayout) String() string {
+	return fmt.Sprintf("the %s layout (slot queue %q exists)", o.layout, o.queue)
+}
+
+func describe(others []otherLayout) string {
+	s := make([]string, len(others))
+	for i, o := range others {
+		s[i] = o.String()
+	}
+	return strings.Join(s, " and ")
+}
+
+func (a *Admin) otherLayouts(ctx context.Context, name string) ([]otherLayout, error) {
+	own := a.opts.layout.Slot(name, 1)
+	var cand []otherLayout
+	var qs []string
+	for _, l := range []Layout{DefaultLayout, PythonLayout} {
+		q := l.Slot(name, 1)
+		if q == own || queueName(q) != nil {
+			continue
+		}
+		cand, qs = append(cand, otherLayout{l.name(), q}), append(qs, q)
+	}
+	if len(qs) == 0 {
+		return nil, nil
+	}
+	got, _, err := a.c.probes.probe(ctx, qs...)
+	if err != nil {
+		return nil, fmt.Errorf("amqpsem: layouts of %q: %w", name, err)
+	}
+	var found []otherLayout
+	for i, ok := range got {
+		if ok {
+			found = append(found, cand[i])
+		}
+	}
+	return found, nil
+}
+
 // locked runs change holding name's administration mutex, with the
-// current maximum, after overshooting.
-func (a *Admin) locked(ctx context.Context, op, name string, change func(ctx context.Context, max int) (int, error)) (Change, error) {
+// current maximum, after overshooting. With exclusive, it first refuses
+// with [ErrOtherLayout] when name has slot queues of another layout.
+func (a *Admin) locked(ctx context.Context, op, name string, exclusive bool, change func(ctx context.Context, max int) (int, error)) (Change, error) {
 	if err := a.opts.layout.checkSemName(name); err != nil {
 		return Change{}, err
 	}
-	lease, err := a.mutex.Lock(ctx, name)
+	lease, err := a.mutex.TryLock(ctx, name)
+	if errors.Is(err, locks.ErrNotAcquired) {
+		if f := a.opts.mutexWait; f != nil {
+			f(name)
+		}
+		lease, err = a.mutex.Lock(ctx, name)
+	}
 	if err != nil {
 		return Change{}, fmt.Errorf("amqpsem: %s %q: administration mutex: %w", op, name, err)
 	}
 	defer func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
+	if exclusive {
+		others, err := a.otherLayouts(ctx, name)
+		if err != nil {
+			return Change{}, err
+		}
+		if len(others) > 0 {
+			return Change{}, fmt.Errorf("%w: %s %q in the %s layout refused: it is a semaphore of %s", ErrOtherLayout, op, name, a.opts.layout.name(), describe(others))
+		}
+	}
 	before, err := a.max(ctx, name)
 	if err != nil {
 		return Change{}, err
 	}
 	if t := a.opts.overshoot; t > 0 {
-		if err := a.deleteSlots(ctx, name, before+1, min(before+t, MaxSlots)); err != nil {
+		if err := a.deleteSlots(ctx, name, before+1, min(before+t, a.opts.layout.SlotLimit(name))); err != nil {
 			return Change{Before: before, After: before}, fmt.Errorf("amqpsem: %s %q: overshoot: %w", op, name, err)
 		}
 	}
@@ -137,6 +224,15 @@ func checkCount(what string, n int) error {
 	return nil
 }
 
+// checkLimit refuses a semaphore of slots slots when name's queue names
+// cannot go that high.
+func (a *Admin) checkLimit(name string, slots int) error {
+	if limit := a.opts.layout.SlotLimit(name); slots > limit {
+		return fmt.Errorf("%w: %q can have at most %d slots (the queue names of slot %d would be longer than %d bytes)", ErrInvalidSlots, name, limit, limit+1, maxShortString)
+	}
+	return nil
+}
+
 // Create creates name with slots slots: A[1] to A[slots], in order. When
 // name already has slots it returns an error matching [ErrExists] and
 // changes nothing. When a declare fails (for example a queue of another
@@ -145,9 +241,12 @@ func (a *Admin) Create(ctx context.Context, name string, slots int) error {
 	if err := checkCount("slots", slots); err != nil {
 		return err
 	}
-	_, err := a.locked(ctx, "create", name, func(ctx context.Context, max int) (int, error) {
+	_, err := a.locked(ctx, "create", name, true, func(ctx context.Context, max int) (int, error) {
 		if max > 0 {
-			return max, fmt.Errorf("%w with %d slots", ErrExists, max)
+			return max, fmt.Errorf("%w with %d %s", ErrExists, max, plural(max, "slot"))
+		}
+		if err := a.checkLimit(name, slots); err != nil {
+			return 0, err
 		}
 		return a.addSlots(ctx, name, 0, slots)
 	})
@@ -156,9 +255,12 @@ func (a *Admin) Create(ctx context.Context, name string, slots int) error {
 
 // ensure creates name with slots slots unless it has some.
 func (a *Admin) ensure(ctx context.Context, name string, slots int) error {
-	_, err := a.locked(ctx, "create", name, func(ctx context.Context, max int) (int, error) {
+	_, err := a.locked(ctx, "create", name, true, func(ctx context.Context, max int) (int, error) {
 		if max > 0 {
 			return max, nil
+		}
+		if err := a.checkLimit(name, slots); err != nil {
+			return 0, err
 		}
 		return a.addSlots(ctx, name, 0, slots)
 	})
@@ -173,9 +275,12 @@ func (a *Admin) Add(ctx context.Context, name string, n int) (Change, error) {
 	if err := checkCount("slots to add", n); err != nil {
 		return Change{}, err
 	}
-	return a.locked(ctx, "add", name, func(ctx context.Context, max int) (int, error) {
+	return a.locked(ctx, "add", name, true, func(ctx context.Context, max int) (int, error) {
 		if max+n > MaxSlots {
 			return max, fmt.Errorf("%w: %d + %d slots is more than %d", ErrInvalidSlots, max, n, MaxSlots)
+		}
+		if err := a.checkLimit(name, max+n); err != nil {
+			return max, err
 		}
 		return a.addSlots(ctx, name, max, max+n)
 	})
@@ -190,7 +295,7 @@ func (a *Admin) Remove(ctx context.Context, name string, n int) (Change, error) 
 	if err := checkCount("slots to remove", n); err != nil {
 		return Change{}, err
 	}
-	return a.locked(ctx, "remove", name, func(ctx context.Context, max int) (int, error) {
+	return a.locked(ctx, "remove", name, false, func(ctx context.Context, max int) (int, error) {
 		if n > max {
 			return max, fmt.Errorf("%w: cannot remove %d slots of %d", ErrInvalidSlots, n, max)
 		}
@@ -205,9 +310,12 @@ func (a *Admin) Resize(ctx context.Context, name string, slots int) (Change, err
 	if slots < 0 || slots > MaxSlots {
 		return Change{}, fmt.Errorf("%w: slots must be in 0..%d, got %d", ErrInvalidSlots, MaxSlots, slots)
 	}
-	return a.locked(ctx, "resize", name, func(ctx context.Context, max int) (int, error) {
+	return a.locked(ctx, "resize", name, slots > 0, func(ctx context.Context, max int) (int, error) {
 		switch {
 		case slots > max:
+			if err := a.checkLimit(name, slots); err != nil {
+				return max, err
+			}
 			return a.addSlots(ctx, name, max, slots)
 		case slots < max:
 			return a.removeSlots(ctx, name, max, slots)
@@ -224,7 +332,7 @@ func (a *Admin) Resize(ctx context.Context, name string, slots int) (Change, err
 // broker deletes it a minute after its last waiter left (see the package
 // documentation).
 func (a *Admin) Destroy(ctx context.Context, name string) (int, error) {
-	ch, err := a.locked(ctx, "destroy", name, func(ctx context.Context, max int) (int, error) {
+	ch, err := a.locked(ctx, "destroy", name, false, func(ctx context.Context, max int) (int, error) {
 		return a.removeSlots(ctx, name, max, 0)
 	})
 	return ch.Before - ch.After, err
@@ -290,31 +398,44 @@ func (a *Admin) deleteSlots(ctx context.Context, name string, lo, hi int) error 
 
 // Status is a snapshot of a semaphore.
 type Status struct {
+	// Layout is the name of the layout the status was taken in.
+	Layout string
+	// OtherLayouts lists this package's other layouts in which the name
+	// has a first slot queue, as [Admin.OtherLayouts] does.
+	OtherLayouts []string
 	// Slots is the maximum C.
 	Slots int
 	// Held lists the slots 1..C whose holder queue B[L] exists.
 	Held []int
 	// Removed lists the slots above C whose holder queue still exists:
-	// holders of removed slots that have not let go yet.
+	// holders of removed slots that have not let go yet. Every slot up to
+	// the name's [Layout.SlotLimit] is checked.
 	Removed []int
 }
 
 // Status returns a snapshot of name: its slots and which are held, and
-// which of the slots C+1..C+beyond, removed, are still held. It does not
-// take the mutex.
-func (a *Admin) Status(ctx context.Context, name string, beyond int) (Status, error) {
-	if err := a.opts.layout.checkSemName(name); err != nil {
+// which slots above C, removed, are still held, whatever their number:
+// it checks the holder queue of every slot up to the name's
+// [Layout.SlotLimit] (65535 probes, pipelined: about a second on a local
+// broker). It does not take the mutex.
+func (a *Admin) Status(ctx context.Context, name string) (Status, error) {
+	lay := a.opts.layout
+	if err := lay.checkSemName(name); err != nil {
 		return Status{}, err
 	}
-	if beyond < 0 || beyond > MaxSlots {
-		return Status{}, fmt.Errorf("%w: beyond must be in 0..%d, got %d", ErrInvalidSlots, MaxSlots, beyond)
+	others, err := a.otherLayouts(ctx, name)
+	if err != nil {
+		return Status{}, err
 	}
 	c, err := a.max(ctx, name)
 	if err != nil {
 		return Status{}, err
 	}
-	st := Status{Slots: c}
-	held, err := a.heldBetween(ctx, name, 1, min(c+beyond, MaxSlots))
+	st := Status{Layout: lay.name(), Slots: c}
+	for _, o := range others {
+		st.OtherLayouts = append(st.OtherLayouts, o.layout)
+	}
+	held, err := a.heldBetween(ctx, name, 1, lay.SlotLimit(name))
 	if err != nil {
 		return Status{}, err
 	}
@@ -350,28 +471,64 @@ func (a *Admin) heldBetween(ctx context.Context, name string, lo, hi int) ([]int
 	return held, nil
 }
 
-// WaitReleased waits until no slot of name above its current maximum, up
-// to slot upTo, is held: until the holders of removed slots have let go.
-// It polls the B queues with the back-off, woken early by releases. When
-// ctx ends first, the error matches ctx.Err() (and, inside a
-// [locks.HeldError], says which slots were still held at the last check).
-func (a *Admin) WaitReleased(ctx context.Context, name string, upTo int) error {
-	if err := a.opts.layout.checkSemName(name); err != nil {
+// heldOf returns the slots of slots above c whose B queue exists.
+func (a *Admin) heldOf(ctx context.Context, name string, c int, slots []int) ([]int, error) {
+	var qs []string
+	var idx []int
+	for _, i := range slots {
+		if i > c {
+			qs, idx = append(qs, a.opts.layout.Holder(name, i)), append(idx, i)
+		}
+	}
+	if len(qs) == 0 {
+		return nil, nil
+	}
+	got, _, err := a.c.probes.probe(ctx, qs...)
+	if err != nil {
+		return nil, fmt.Errorf("amqpsem: holders of %q: %w", name, err)
+	}
+	var held []int
+	for k, ok := range got {
+		if ok {
+			held = append(held, idx[k])
+		}
+	}
+	return held, nil
+}
+
+// WaitReleased waits until no slot of name above its current maximum C
+// is held, whatever its number: until the holders of removed slots have
+// let go. It returns nil only after a check of the holder queue of every
+// slot from C+1 to the name's [Layout.SlotLimit] found none (65535
+// probes, pipelined: about a second on a local broker); in between, it
+// polls only the slots found held, with the back-off, woken early by
+// releases. When ctx ends first, the error matches ctx.Err() (and,
+// inside a [locks.HeldError], says which slots were still held at the
+// last check).
+func (a *Admin) WaitReleased(ctx context.Context, name string) error {
+	lay := a.opts.layout
+	if err := lay.checkSemName(name); err != nil {
 		return err
 	}
-	if upTo < 0 || upTo > MaxSlots {
-		return fmt.Errorf("%w: upTo must be in 0..%d, got %d", ErrInvalidSlots, MaxSlots, upTo)
-	}
-	var last error
+	var (
+		last  error
+		known []int // removed slots found held at the last check
+	)
 	try := func(ctx context.Context) (struct{}, error) {
 		c, err := a.max(ctx, name)
 		if err != nil {
 			return struct{}{}, err
 		}
-		held, err := a.heldBetween(ctx, name, c+1, upTo)
+		held, err := a.heldOf(ctx, name, c, known)
+		if err == nil && len(held) == 0 {
+			// None of those known is held (or none was known): check
+			// every slot above C before saying so.
+			held, err = a.heldBetween(ctx, name, c+1, lay.SlotLimit(name))
+		}
 		if err != nil {
 			return struct{}{}, err
 		}
+		known = held
 		if len(held) > 0 {
 			last = &locks.HeldError{Name: name, Err: fmt.Errorf("removed slots %v still held", held)}
 			return struct{}{}, last
@@ -388,4 +545,12 @@ func (a *Admin) WaitReleased(ctx context.Context, name string, upTo int) error {
 		return fmt.Errorf("amqpsem: wait for %q: %w (%w)", name, err, last)
 	}
 	return err
+}
+
+// plural returns "1 slot" or "n slots".
+func plural(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
 }

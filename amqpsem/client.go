@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	neturl "net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,7 +66,7 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	}
 	uri, err := amqp.ParseURI(url)
 	if err != nil {
-		return nil, fmt.Errorf("amqpsem: %w: URL: %w", locks.ErrInvalidOption, err)
+		return nil, fmt.Errorf("amqpsem: %w", locks.InvalidOption("URL %s: %s", RedactURL(url), RedactURLsIn(err.Error(), url)))
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -120,8 +122,17 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("amqpsem: dial %s: %w", redact(uri), cerr)
 	}
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
-			return nil, fmt.Errorf("amqpsem: dial: %w: %w", cerr, err)
+		cerr := ctx.Err()
+		if dl, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(dl) {
+			// The socket's deadline, set to ctx's, fired a moment
+			// before ctx's own timer.
+			cerr = context.DeadlineExceeded
+		}
+		if cerr != nil {
+			return nil, fmt.Errorf("amqpsem: dial %s: %w (%w)", redact(uri), cerr, err)
+		}
+		if dctx.Err() != nil || isTimeout(err) {
+			return nil, fmt.Errorf("amqpsem: dial %s: no connection within the connect timeout %v: %w", redact(uri), o.connectTimeout, err)
 		}
 		return nil, fmt.Errorf("amqpsem: dial %s: %w", redact(uri), err)
 	}
@@ -161,8 +172,63 @@ func verifyInterval(opt, hb time.Duration) time.Duration {
 }
 
 func redact(u amqp.URI) string {
-	u.Password = ""
+	if u.Password != "" {
+		u.Password = "xxxxx"
+	}
 	return u.String()
+}
+
+// RedactURL returns raw with the password of its user information, if
+// any, replaced by "xxxxx", for messages. It works on URLs that do not
+// parse too: everything between "://" and the last "@" after it but the
+// user name is replaced.
+func RedactURL(raw string) string {
+	i := strings.Index(raw, "://")
+	if i < 0 {
+		return raw
+	}
+	rest := raw[i+3:]
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return raw
+	}
+	user, _, hasPw := strings.Cut(rest[:at], ":")
+	if !hasPw {
+		return raw
+	}
+	return raw[:i+3] + user + ":xxxxx" + rest[at:]
+}
+
+// RedactURLsIn returns msg with every occurrence of raw replaced by
+// [RedactURL](raw), and its password, if any, by "xxxxx".
+func RedactURLsIn(msg, raw string) string {
+	msg = strings.ReplaceAll(msg, raw, RedactURL(raw))
+	var pws []string
+	if i := strings.Index(raw, "://"); i >= 0 {
+		rest := raw[i+3:]
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
+				pws = append(pws, pw)
+			}
+		}
+	}
+	if u, err := neturl.Parse(raw); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok {
+			pws = append(pws, pw)
+		}
+	}
+	for _, pw := range pws {
+		if pw != "" {
+			msg = strings.ReplaceAll(msg, pw, "xxxxx")
+		}
+	}
+	return msg
+}
+
+// isTimeout reports whether err is a network timeout.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // Heartbeat returns the heartbeat interval negotiated with the broker.

@@ -17,7 +17,26 @@
 // "Swiss cheese" variant). Queue existence is checked by publishing with
 // the mandatory flag on a confirm channel, pipelined, never by passive
 // declares, which break channels. [PythonLayout] shares semaphores with
-// the existing Python implementation ("N-A-i", "N-B-i").
+// the existing Python implementation ("N-A-i", "N-B-i"). A name is one
+// layout's semaphore: [Admin] refuses to create or grow a semaphore whose
+// name has slot queues in the other layout ([ErrOtherLayout]), so that a
+// mistake cannot make two semaphores of one name, and [Admin.Status]
+// says which layout a name is in.
+//
+// A semaphore must exist before it is acquired: [Semaphore.Acquire] on a
+// name without slots fails at once with [ErrNoSlots] instead of waiting
+// (a misspelt name would otherwise wait forever), unless the Semaphore
+// was made [WithCreate].
+//
+// Removing slots does not take them from their holders (see [Admin]).
+// [Admin.Status] and [Admin.WaitReleased] find every held removed slot
+// whatever its number: they check the holder queue of every slot number
+// up to the name's [Layout.SlotLimit] (65535 probes, pipelined, about a
+// second on a local broker and a few under the race detector), so
+// WaitReleased never returns nil while a removed slot is held, by this
+// package's clients or any other's. (A holder that declares its holder
+// queue just after that check, for a slot it found before the removal,
+// finds the slot gone when it verifies, and lets go without using it.)
 //
 // [Mutex] (a [locks.Locker]) is one exclusive queue per name. A Mutex on N
 // is the semaphore N's administration mutex.
@@ -92,9 +111,18 @@
 //   - The specification counts slots "from 0" in places and from 1 in
 //     others; slots are numbered from 1, A[0] never exists.
 //   - Queue names are checked before any I/O: an AMQP short string of at
-//     most 255 bytes for every slot up to [MaxSlots], not starting with
-//     the reserved "amq.", and, for the default layout, not ending like a
-//     slot or holder queue of another semaphore.
+//     most 255 bytes for the mutex and slot 1, not starting with the
+//     reserved "amq.", and, for the default layout, not ending like a
+//     slot or holder queue of another semaphore. A long name has fewer
+//     slots than [MaxSlots]: as many as its queue names fit
+//     ([Layout.SlotLimit]; a 251-byte name in [PythonLayout] has 9).
+//   - [Admin.Remove] of more slots than there are returns
+//     [ErrInvalidSlots] and changes nothing, where the specification
+//     clamps to 0 (max(0, C - X)): a count larger than the semaphore is
+//     more likely a mistake than a wish to destroy it; [Admin.Destroy]
+//     and [Admin.Resize] to 0 remove every slot.
+//   - Acquiring a semaphore without slots is an error ([ErrNoSlots]),
+//     not "every slot is held": it does not match [locks.ErrNotAcquired].
 //   - Every slot and holder queue is declared with x-max-length 0 and
 //     probes expire at once, so probe messages never pile up (the shared
 //     wake queues hold at most one message, for a second).

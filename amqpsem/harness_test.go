@@ -257,14 +257,13 @@ func (h revokingHarness) Revoke(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	removed, err := a.Destroy(ctx, name)
-	if err != nil {
+	if _, err := a.Destroy(ctx, name); err != nil {
 		return err
 	}
 	// As the specification's administrator does after removing slots:
 	// wait for their holders to let go (they do at their next
 	// verification).
-	return a.WaitReleased(ctx, name, removed)
+	return a.WaitReleased(ctx, name)
 }
 
 func (h *harness) InvalidOptions(ctx context.Context) []error {

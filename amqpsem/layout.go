@@ -16,9 +16,9 @@ import (
 // names, exchange names and routing keys.
 const maxShortString = 255
 
-// MaxSlots is the largest number of slots a semaphore may have. Names are
-// checked against it: every queue name of every slot up to MaxSlots must
-// be a legal queue name.
+// MaxSlots is the largest number of slots a semaphore may have. A long
+// name may allow fewer: a semaphore's slots stop at the last one whose
+// slot and holder queue names fit in 255 bytes (see [Layout.SlotLimit]).
 const MaxSlots = 65535
 
 // A Layout says how the queues of a semaphore named N are named and
@@ -31,6 +31,9 @@ const MaxSlots = 65535
 // The [Mutex] uses the layout's Mutex name and Args for its queue, so a
 // Mutex on N is the administration mutex of the semaphore N.
 type Layout struct {
+	// Name names the layout in messages and [Status]: "default" and
+	// "python" for the layouts of this package.
+	Name string
 	// Slot returns the name of A[i], for i from 1.
 	Slot func(name string, i int) string
 	// Holder returns the name of B[i], for i from 1.
@@ -64,6 +67,7 @@ var (
 // "-<digits>-A" or "-<digits>-B" are rejected: their mutex would be
 // another semaphore's slot or holder queue.
 var DefaultLayout = Layout{
+	Name:        "default",
 	Slot:        func(name string, i int) string { return name + "-" + strconv.Itoa(i) + "-A" },
 	Holder:      func(name string, i int) string { return name + "-" + strconv.Itoa(i) + "-B" },
 	Mutex:       func(name string) string { return name },
@@ -82,6 +86,7 @@ var DefaultLayout = Layout{
 // durable, B[i] is "N-B-i", the administration mutex is "N", every queue
 // is declared with x-max-length 0.
 var PythonLayout = Layout{
+	Name:        "python",
 	Slot:        func(name string, i int) string { return name + "-A-" + strconv.Itoa(i) },
 	Holder:      func(name string, i int) string { return name + "-B-" + strconv.Itoa(i) },
 	Mutex:       func(name string) string { return name },
@@ -157,16 +162,45 @@ func (l Layout) checkMutexName(name string) (string, error) {
 // error matches [locks.ErrInvalidName].
 func (l Layout) CheckName(name string) error { return l.checkSemName(name) }
 
-// checkSemName validates a semaphore name: every queue it can have, up to
-// MaxSlots, must be legal.
+// checkSemName validates a semaphore name: its mutex queue and its first
+// slot and holder queues must be legal queue names. Slots whose queue
+// names would be too long are beyond the name's [Layout.SlotLimit].
 func (l Layout) checkSemName(name string) error {
 	if _, err := l.checkMutexName(name); err != nil {
 		return err
 	}
-	for _, q := range []string{l.Slot(name, MaxSlots), l.Holder(name, MaxSlots), l.Slot(name, 1), l.Holder(name, 1)} {
+	for _, q := range []string{l.Slot(name, 1), l.Holder(name, 1)} {
 		if err := queueName(q); err != nil {
 			return fmt.Errorf("%w %q: %w", locks.ErrInvalidName, name, err)
 		}
 	}
 	return nil
+}
+
+// SlotLimit returns the largest number of slots the semaphore name can
+// have under l: [MaxSlots], or fewer for a name so long that the queue
+// names of higher slots would not fit in 255 bytes (a name of 251 bytes
+// in [PythonLayout] has "name-A-9" but not "name-A-10"). It is 0 for a
+// name whose first slot does not fit. Creating or adding slots beyond it
+// fails with [ErrInvalidSlots]; status checks and scans stop there.
+func (l Layout) SlotLimit(name string) int {
+	fits := func(i int) bool {
+		return len(l.Slot(name, i)) <= maxShortString && len(l.Holder(name, i)) <= maxShortString
+	}
+	// Name lengths grow with the number of digits: try the largest
+	// number of each length.
+	for _, i := range []int{MaxSlots, 9999, 999, 99, 9} {
+		if fits(i) {
+			return i
+		}
+	}
+	return 0
+}
+
+// name returns the layout's name for messages.
+func (l Layout) name() string {
+	if l.Name == "" {
+		return "custom"
+	}
+	return l.Name
 }

@@ -11,7 +11,7 @@ import (
 
 // FuzzLayoutNames: for both layouts, a name is accepted or refused with
 // ErrInvalidName, never a panic; an accepted name's queues are legal
-// RabbitMQ queue names for every slot and never collide with another
+// RabbitMQ queue names for every slot up to its SlotLimit and never collide with another
 // accepted name's mutex.
 func FuzzLayoutNames(f *testing.F) {
 	for _, s := range []string{"jobs", "jobs-3-A", "jobs-A-3", "amq.x", "", "a\x00b", strings.Repeat("x", 250), "ünï", "\xff"} {
@@ -26,7 +26,11 @@ func FuzzLayoutNames(f *testing.F) {
 				}
 				continue
 			}
-			for _, i := range []int{1, 2, amqpsem.MaxSlots} {
+			limit := l.SlotLimit(name)
+			if limit < 1 {
+				t.Fatalf("accepted %q, which has no slot: SlotLimit = %d", name, limit)
+			}
+			for _, i := range []int{1, min(2, limit), limit} {
 				for _, q := range []string{l.Slot(name, i), l.Holder(name, i)} {
 					if len(q) > 255 || strings.HasPrefix(q, "amq.") {
 						t.Fatalf("accepted %q, but its queue %q is not a legal queue name", name, q)

@@ -27,6 +27,7 @@ type options struct {
 	overshoot    int
 	ascending    bool
 	wakeExchange string
+	mutexWait    func(name string)
 }
 
 func defaults() options {
@@ -228,6 +229,20 @@ func WithWakeExchange(name string) Option {
 		if len(name) > maxShortString {
 			return locks.InvalidOption("wake exchange name is %d bytes, longer than %d", len(name), maxShortString)
 		}
+		return nil
+	}
+}
+
+// WithMutexWaitNotice makes an [Admin] call f, with the semaphore's name,
+// when a change finds the semaphore's administration mutex held by
+// another connection and starts waiting for it: a command can tell its
+// operator why it waits. AMQP does not say which connection owns a queue
+// (RabbitMQ's management UI and "rabbitmqctl list_queues name owner_pid"
+// do). f runs on the calling goroutine, once per change. The default is
+// nil: no notice.
+func WithMutexWaitNotice(f func(name string)) Option {
+	return func(o *options) error {
+		o.mutexWait = f
 		return nil
 	}
 }

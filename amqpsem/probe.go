@@ -10,9 +10,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// maxBatch bounds the probes in flight at once; the return buffer holds
-// two batches, so the connection's reader never waits on it.
+// maxBatch is the window of probes a scan sends per round trip.
 const maxBatch = 128
+
+// sweepBatch bounds the probes in flight at once in one call: a status
+// or wait checks every slot number, 65535 probes. Returns are read while
+// the confirms are awaited, so the return buffer need not hold a batch.
+const sweepBatch = 1024
 
 // prober checks queue existence the way the specification recommends: a
 // publish with the mandatory flag on a channel in confirm mode. A queue
@@ -46,7 +50,7 @@ func (p *prober) exists(ctx context.Context, queues []string) ([]bool, error) {
 	defer func() { <-p.sem }()
 	out := make([]bool, 0, len(queues))
 	for len(queues) > 0 {
-		n := min(len(queues), maxBatch)
+		n := min(len(queues), sweepBatch)
 		got, err := p.batch(ctx, queues[:n])
 		if err != nil {
 			return nil, err
@@ -116,8 +120,9 @@ func (p *prober) batch(ctx context.Context, queues []string) ([]bool, error) {
 	}
 	// A caller that gave up left confirms in flight: wait for them, so
 	// that their returns are in the buffer and can be told apart.
-	for _, dc := range p.pending {
-		if _, err := dc.WaitContext(ctx); err != nil {
+	for i, dc := range p.pending {
+		if err := p.await(ctx, dc, nil); err != nil {
+			p.pending = p.pending[i:]
 			return nil, err
 		}
 	}
@@ -138,20 +143,11 @@ func (p *prober) batch(ctx context.Context, queues []string) ([]bool, error) {
 		}
 		dcs = append(dcs, dc)
 	}
-	for i, dc := range dcs {
-		if _, err := dc.WaitContext(ctx); err != nil {
-			p.pending = dcs[i:]
-			return nil, err
-		}
-	}
-	if p.ch.IsClosed() {
-		return nil, fmt.Errorf("amqpsem: probe: %w", p.c.connErr(amqp.ErrClosed))
-	}
 	out := make([]bool, len(queues))
 	for i := range out {
 		out[i] = true
 	}
-	p.drain(func(r amqp.Return) {
+	record := func(r amqp.Return) {
 		id, err := strconv.ParseUint(r.MessageId, 10, 64)
 		if err != nil || id < first || id >= first+uint64(len(queues)) {
 			return // from a batch whose caller gave up
@@ -159,8 +155,42 @@ func (p *prober) batch(ctx context.Context, queues []string) ([]bool, error) {
 		if r.ReplyCode == amqp.NoRoute {
 			out[id-first] = false
 		}
-	})
+	}
+	for i, dc := range dcs {
+		if err := p.await(ctx, dc, record); err != nil {
+			p.pending = dcs[i:]
+			return nil, err
+		}
+	}
+	if p.ch.IsClosed() {
+		return nil, fmt.Errorf("amqpsem: probe: %w", p.c.connErr(amqp.ErrClosed))
+	}
+	p.drain(record)
 	return out, nil
+}
+
+// await waits for dc's confirm, passing the returns that arrive
+// meanwhile to f (nil: dropped), so that the connection's reader, which
+// hands each return over before the confirm that follows it, never waits
+// on a full return buffer.
+func (p *prober) await(ctx context.Context, dc *amqp.DeferredConfirmation, f func(amqp.Return)) error {
+	returns := p.returns
+	for {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			if f != nil {
+				f(r)
+			}
+		case <-dc.Done():
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // drain takes every return already delivered. The connection's reader

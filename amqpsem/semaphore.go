@@ -11,9 +11,12 @@ import (
 )
 
 var (
-	// ErrNoSlots is the cause, inside a [locks.HeldError], of an acquire
-	// on a semaphore that has no slots: never created, destroyed, or
-	// removed down to zero.
+	// ErrNoSlots reports an acquire on a semaphore that has no slots
+	// (no slot queue A[1]): never created, destroyed, removed down to
+	// zero, a misspelt name, or a semaphore of another layout. Acquire and
+	// TryAcquire return it at once, unless [WithCreate] is set; it does
+	// not match [locks.ErrNotAcquired]: nothing holds the name, and
+	// waiting would not help.
 	ErrNoSlots = errors.New("amqpsem: semaphore has no slots")
 
 	// ErrAllHeld is the cause, inside a [locks.HeldError], of an acquire
@@ -33,7 +36,11 @@ var (
 // leases are [locks.SlotLease]s (*[Lease]).
 //
 // Unlike the locks contract's fixed N, C is whatever the broker holds when
-// an acquire scans it: administrators may change it at any time.
+// an acquire scans it: administrators may change it at any time. A
+// semaphore must exist before it is acquired: on a name without slots,
+// Acquire and TryAcquire fail at once with [ErrNoSlots] (so a misspelt
+// name does not wait forever), unless the Semaphore was made
+// [WithCreate], which creates it.
 //
 // A Semaphore is safe for concurrent use; one client may hold several
 // slots of one name.
@@ -64,9 +71,11 @@ func (c *Client) Semaphore(opts ...Option) (*Semaphore, error) {
 // from 1, up to the maximum attempts. Once it holds B[L] it verifies that
 // A[L] still exists, and returns the lease, whose Slot is L.
 //
-// When every slot is held, or the semaphore has no slots, it returns an
-// error matching [locks.ErrNotAcquired] (a [locks.HeldError] whose cause is
-// [ErrAllHeld], [ErrNoSlots] or [ErrContention]). Invalid names return an
+// When every slot is held it returns an error matching
+// [locks.ErrNotAcquired] (a [locks.HeldError] whose cause is [ErrAllHeld],
+// or [ErrContention] after too many lost races). When the semaphore has no
+// slots it returns an error matching [ErrNoSlots] (unless [WithCreate]
+// creates it), which does not match [locks.ErrNotAcquired]. Invalid names return an
 // error matching [locks.ErrInvalidName] before any I/O. On failure nothing
 // is held; when ctx ends first, the error matches ctx.Err().
 func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, error) {
@@ -80,8 +89,12 @@ func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, e
 // Acquire blocks until it holds a slot of name. A clean release wakes it
 // at once (see [WithWakeExchange]), so do slots added by an [Admin]; a
 // crashed holder's slot is found by polling with the back-off once the
-// broker drops the dead connection. On failure nothing is held; when ctx
-// ends first, the error matches ctx.Err().
+// broker drops the dead connection. It does not wait for a semaphore
+// that has no slots: when name has none, at the start or at any check
+// while it waits (the semaphore was destroyed), it returns an error
+// matching [ErrNoSlots] at once, unless [WithCreate] creates it. On
+// failure nothing is held; when ctx ends first, the error matches
+// ctx.Err().
 func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, error) {
 	l, err := s.try(ctx, name)
 	if err == nil {
@@ -130,7 +143,11 @@ func (s *Semaphore) try(ctx context.Context, name string) (*Lease, error) {
 				}
 				continue
 			}
-			return nil, &locks.HeldError{Name: name, Err: ErrNoSlots}
+			err := fmt.Errorf("%w: %q (no slot queue %q; create it with an Admin, or acquire WithCreate)", ErrNoSlots, name, lay.Slot(name, 1))
+			if others, oerr := s.admin.otherLayouts(ctx, name); oerr == nil && len(others) > 0 {
+				err = fmt.Errorf("%w: %q has no slots in the %s layout, but is a semaphore of %s", ErrNoSlots, name, lay.name(), describe(others))
+			}
+			return nil, err
 		}
 		if slot == 0 {
 			return nil, &locks.HeldError{Name: name, Err: ErrAllHeld}
@@ -189,10 +206,10 @@ func (s *Semaphore) try(ctx context.Context, name string) (*Lease, error) {
 // exist. It probes a growing window of slots per round trip.
 func (s *Semaphore) scan(ctx context.Context, name string) (int, error) {
 	lay := s.opts.layout
-	lo, size := 1, 4
+	lo, size, limit := 1, 4, lay.SlotLimit(name)
 	queues := make([]string, 0, 2*maxBatch)
-	for lo <= MaxSlots {
-		hi := min(lo+size-1, MaxSlots)
+	for lo <= limit {
+		hi := min(lo+size-1, limit)
 		queues = queues[:0]
 		for i := lo; i <= hi; i++ {
 			queues = append(queues, lay.Slot(name, i), lay.Holder(name, i))

@@ -44,35 +44,57 @@ const (
 	exitLost        = 4 // acquire: the slot was lost while the command ran
 )
 
-const usage = `amqpsem administers persistent semaphores on RabbitMQ: a semaphore NAME
-with C slots is the durable queues NAME-1-A .. NAME-C-A; a client holds slot L
-while its connection owns the exclusive queue NAME-L-B.
+const usage = `amqpsem administers persistent semaphores on RabbitMQ and runs commands
+while holding one of their slots. A semaphore NAME with C slots is the slot
+queues NAME-1-A .. NAME-C-A; a client holds slot L while its connection owns
+the exclusive queue NAME-L-B. With --layout python, the Python client's
+layout, they are NAME-A-1 .. NAME-A-C and NAME-B-L.
+
+Slot queues are durable in the default layout: a semaphore survives a broker
+restart. The Python layout's slot queues are not (the Python client declares
+them transient): a broker restart deletes them, and RabbitMQ 4 refuses them
+unless its configuration has
+  deprecated_features.permit.transient_nonexcl_queues = true
+A name is one layout's semaphore: create and resize refuse a name that has
+slot queues in the other layout, and status says which layout it is in.
 
 Usage:
   amqpsem [flags] create NAME SLOTS      create NAME with SLOTS slots
-  amqpsem [flags] resize NAME [+|-]N     add N slots (+N), remove N (-N) or set N
+  amqpsem [flags] resize NAME [+|-]N     add N slots (+N), remove N (-N) or set N;
+                                         waits for the semaphore's administration
+                                         mutex if another administrator holds it
   amqpsem [flags] destroy NAME           remove every slot
-  amqpsem [flags] status NAME            print the slots and which are held
-  amqpsem [flags] wait NAME              wait until holders of removed slots let go
+  amqpsem [flags] status NAME            print the slots, which are held, and which
+                                         removed slots are still held (every slot
+                                         number is checked: about a second)
+  amqpsem [flags] wait NAME              wait until no removed slot is held, whatever
+                                         its number (removing slots does not take
+                                         them from their holders)
   amqpsem [flags] acquire NAME -- CMD [ARG...]
                                          run CMD while holding a slot; the slot is
                                          released when CMD exits; SIGINT/SIGTERM are
                                          forwarded to CMD (the slot is held until it
-                                         exits); CMD gets AMQPSEM_SLOT
+                                         exits); CMD gets AMQPSEM_NAME, AMQPSEM_SLOT
 
 Examples:
-  amqpsem --url amqp://guest:guest@localhost:5672/ create builds 4
+  AMQPSEM_URL=amqp://user:password@rabbit:5672/ amqpsem create builds 4
   amqpsem resize builds +2
   amqpsem resize builds -1 && amqpsem wait builds
   amqpsem status builds
   amqpsem --timeout 10m acquire builds -- make -j8
   amqpsem --try acquire builds -- ./nightly.sh || echo "busy or failed: $?"
 
+Environment:
+  AMQPSEM_URL     the broker URL, when --url is not given
+  AMQPSEM_LAYOUT  the layout, when --layout is not given
+
 Exit codes:
   0  success (acquire: CMD succeeded)
-  1  error (broker unreachable, refused, ...)
+  1  error (broker unreachable, refused; no such semaphore; a semaphore of the
+     other layout in the way; ...)
   2  usage error (bad flags, arguments, names or sizes)
-  3  not acquired: every slot held (--try), or --timeout passed
+  3  not acquired: every slot held (--try), or --timeout passed (while
+     connecting too)
   4  acquire: the slot was lost while CMD ran (CMD was sent SIGTERM, and
      SIGKILL if it had not exited after --grace)
   acquire otherwise exits with CMD's own exit status, or 128+N when CMD was
@@ -81,8 +103,35 @@ Exit codes:
 Flags:
 `
 
+// verbs are the commands and their arguments, for messages.
+var verbs = map[string]string{
+	"create":  "create NAME SLOTS",
+	"resize":  "resize NAME [+|-]N",
+	"destroy": "destroy NAME",
+	"status":  "status NAME",
+	"wait":    "wait NAME",
+	"acquire": "acquire NAME -- CMD [ARG...]",
+}
+
+const verbList = "create, resize, destroy, status, wait or acquire"
+
+// defaultURL is the broker URL without --url or $AMQPSEM_URL: the local
+// broker, as the guest user.
+const defaultURL = "amqp://localhost:5672/"
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// message returns err's text for an operator: without the packages'
+// internal "amqpsem: " and "locks: " prefixes, which the command adds
+// once.
+func message(err error) string {
+	s := err.Error()
+	for _, p := range []string{"amqpsem: ", "locks: "} {
+		s = strings.ReplaceAll(s, p, "")
+	}
+	return s
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -92,47 +141,62 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
 	}
-	defURL := os.Getenv("AMQPSEM_URL")
-	if defURL == "" {
-		defURL = "amqp://guest:guest@localhost:5672/"
+	defLayout := os.Getenv("AMQPSEM_LAYOUT")
+	if defLayout == "" {
+		defLayout = "default"
 	}
 	var (
-		url        = fs.String("url", defURL, "broker URL, amqp:// or amqps:// (default from $AMQPSEM_URL)")
-		layout     = fs.String("layout", "default", `queue layout: "default" (N-i-A, N-i-B) or "python" (N-A-i, N-B-i)`)
-		timeout    = fs.Duration("timeout", 0, "give up after this long (0: no limit); exit code 3")
-		try        = fs.Bool("try", false, "acquire: fail at once (exit code 3) when every slot is held")
-		heartbeat  = fs.Duration("heartbeat", 10*time.Second, "AMQP heartbeat asked for (a heartbeat in --url wins): a holder cut off without a close keeps its slot for 2 to 3 of these")
-		overshoot  = fs.Int("overshoot", 8, "admin changes first delete stray slot queues up to this far above the maximum")
-		ascending  = fs.Bool("ascending", false, `delete slot queues in ascending order ("Swiss cheese")`)
-		beyond     = fs.Int("beyond", 64, "status, wait: look this many slots above the maximum for holders of removed slots")
-		tlsCA      = fs.String("tls-ca", "", "PEM file of CA certificates to trust (amqps)")
-		tlsCert    = fs.String("tls-cert", "", "PEM client certificate file (amqps)")
-		tlsKey     = fs.String("tls-key", "", "PEM client key file (amqps)")
-		tlsServer  = fs.String("tls-server-name", "", "server name to verify (amqps; default: the URL's host)")
-		tlsNoCheck = fs.Bool("tls-insecure", false, "do not verify the server's certificate (amqps; testing only)")
-		grace      = fs.Duration("grace", 10*time.Second, "acquire: when the slot is lost, how long CMD has to exit after SIGTERM before SIGKILL")
+		// The URL's default is not shown: $AMQPSEM_URL may hold a password.
+		url            = fs.String("url", "", "broker URL, amqp:// or amqps:// (default $AMQPSEM_URL, else "+defaultURL+" as the guest user)")
+		layout         = fs.String("layout", defLayout, `queue layout: "default" (N-i-A, N-i-B) or "python" (N-A-i, N-B-i); default from $AMQPSEM_LAYOUT`)
+		timeout        = fs.Duration("timeout", 0, "give up after this long, connecting included (0: no limit); exit code 3")
+		connectTimeout = fs.Duration("connect-timeout", 30*time.Second, "give up connecting to the broker after this long (TCP, TLS and AMQP handshakes); exit code 1")
+		try            = fs.Bool("try", false, "acquire: fail at once (exit code 3) when every slot is held")
+		heartbeat      = fs.Duration("heartbeat", 10*time.Second, "AMQP heartbeat asked for (a heartbeat in --url wins): a holder cut off without a close keeps its slot for 2 to 3 of these")
+		overshoot      = fs.Int("overshoot", 8, "admin changes first delete stray slot queues up to this far above the maximum")
+		ascending      = fs.Bool("ascending", false, `delete slot queues in ascending order ("Swiss cheese")`)
+		beyond         = fs.Int("beyond", 0, "ignored: status and wait check every slot number (kept for old scripts)")
+		tlsCA          = fs.String("tls-ca", "", "PEM file of CA certificates to trust (amqps)")
+		tlsCert        = fs.String("tls-cert", "", "PEM client certificate file (amqps)")
+		tlsKey         = fs.String("tls-key", "", "PEM client key file (amqps)")
+		tlsServer      = fs.String("tls-server-name", "", "server name to verify (amqps; default: the URL's host)")
+		tlsNoCheck     = fs.Bool("tls-insecure", false, "do not verify the server's certificate (amqps; testing only)")
+		grace          = fs.Duration("grace", 10*time.Second, "acquire: when the slot is lost, how long CMD has to exit after SIGTERM before SIGKILL")
 	)
+	_ = beyond
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
 		return exitUsage
 	}
-	rest := fs.Args()
-	if len(rest) < 2 {
-		fs.Usage()
-		return exitUsage
-	}
-	verb, name, rest := rest[0], rest[1], rest[2:]
 	fail := func(code int, format string, a ...any) int {
-		// Library errors already say "amqpsem: "; say it once.
-		fmt.Fprintln(stderr, "amqpsem: "+strings.TrimPrefix(fmt.Sprintf(format, a...), "amqpsem: "))
+		fmt.Fprintln(stderr, "amqpsem: "+fmt.Sprintf(format, a...))
 		return code
 	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return fail(exitUsage, "no command: want %s (see amqpsem --help)", verbList)
+	}
+	verb := rest[0]
+	synopsis, ok := verbs[verb]
+	if !ok {
+		return fail(exitUsage, "unknown command %q: want %s (see amqpsem --help)", verb, verbList)
+	}
+	if len(rest) < 2 || rest[1] == "--" {
+		return fail(exitUsage, "%s: missing NAME: usage: amqpsem [flags] %s", verb, synopsis)
+	}
+	name, rest := rest[1], rest[2:]
 
+	if *url == "" {
+		*url = os.Getenv("AMQPSEM_URL")
+	}
+	if *url == "" {
+		*url = defaultURL
+	}
 	opts := []amqpsem.Option{
 		amqpsem.WithHeartbeat(*heartbeat), amqpsem.WithOvershoot(*overshoot),
-		amqpsem.WithAscendingDelete(*ascending), amqpsem.WithConnectionName("amqpsem " + verb + " " + name),
+		amqpsem.WithAscendingDelete(*ascending), amqpsem.WithConnectionName(connName("amqpsem " + verb + " " + name)),
 	}
 	lay := amqpsem.DefaultLayout
 	switch *layout {
@@ -141,22 +205,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		lay = amqpsem.PythonLayout
 		opts = append(opts, amqpsem.WithLayout(lay))
 	default:
-		return fail(exitUsage, "unknown layout %q", *layout)
+		return fail(exitUsage, "unknown layout %q: want \"default\" or \"python\"", *layout)
 	}
 	if err := lay.CheckName(name); err != nil {
-		return fail(exitUsage, "%v", err)
+		return fail(exitUsage, "%s", message(err))
 	}
 	switch {
 	case *timeout < 0:
 		return fail(exitUsage, "--timeout must not be negative, got %v", *timeout)
+	case *connectTimeout <= 0:
+		return fail(exitUsage, "--connect-timeout must be positive, got %v", *connectTimeout)
 	case *grace < 0:
 		return fail(exitUsage, "--grace must not be negative, got %v", *grace)
-	case *beyond < 0 || *beyond > amqpsem.MaxSlots:
-		return fail(exitUsage, "--beyond must be in 0..%d, got %d", amqpsem.MaxSlots, *beyond)
 	}
+	opts = append(opts, amqpsem.WithConnectTimeout(*connectTimeout))
 	uri, err := amqp.ParseURI(*url)
 	if err != nil {
-		return fail(exitUsage, "--url: %v", err)
+		return fail(exitUsage, "--url %s: %s", amqpsem.RedactURL(*url), amqpsem.RedactURLsIn(err.Error(), *url))
 	}
 	if *tlsCA != "" || *tlsCert != "" || *tlsKey != "" || *tlsServer != "" || *tlsNoCheck {
 		if uri.Scheme != "amqps" {
@@ -190,7 +255,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch verb {
 	case "create", "resize":
 		if len(rest) != 1 {
-			return fail(exitUsage, "%s NAME N: want one count", verb)
+			return fail(exitUsage, "%s: want one count: usage: amqpsem [flags] %s", verb, synopsis)
 		}
 		arg := rest[0]
 		if verb == "resize" && (strings.HasPrefix(arg, "+") || strings.HasPrefix(arg, "-")) {
@@ -200,36 +265,47 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if err != nil || n < 0 || n == 0 && (verb == "create" || delta != 0) {
 			return fail(exitUsage, "%s: bad slot count %q", verb, rest[0])
 		}
+		if limit := lay.SlotLimit(name); n > limit && delta != '-' {
+			return fail(exitUsage, "%s: %q can have at most %d slots in the %s layout, got %d", verb, name, limit, lay.Name, n)
+		}
 		slots = n
 	case "destroy", "status", "wait":
 		if len(rest) != 0 {
-			return fail(exitUsage, "%s NAME: unexpected arguments %q", verb, rest)
+			return fail(exitUsage, "%s: unexpected arguments %q: usage: amqpsem [flags] %s", verb, rest, synopsis)
 		}
 	case "acquire":
 		if len(rest) < 2 || rest[0] != "--" {
-			return fail(exitUsage, "acquire NAME -- CMD [ARG...]")
+			return fail(exitUsage, "acquire: want -- and a command: usage: amqpsem [flags] %s", synopsis)
 		}
 		rest = rest[1:]
-	default:
-		fs.Usage()
-		return exitUsage
 	}
+	opts = append(opts, amqpsem.WithMutexWaitNotice(func(name string) {
+		fmt.Fprintf(stderr, "amqpsem: waiting for the administration mutex of %s (the exclusive queue %q): another connection holds it, likely another amqpsem administering %s (\"rabbitmqctl list_queues name owner_pid\" or the management UI shows which)\n", name, lay.Mutex(name), name)
+	}))
 
 	c, err := amqpsem.Dial(ctx, *url, opts...)
 	if err != nil {
-		return fail(code(err), "%v", err)
+		return fail(code(err), "%s", message(err))
 	}
 	defer c.Close()
 	a, err := c.Admin()
 	if err != nil {
-		return fail(exitUsage, "%v", err)
+		return fail(exitUsage, "%s", message(err))
+	}
+	// missing explains a name without slots in this layout.
+	missing := func() string {
+		msg := fmt.Sprintf("no semaphore %s in the %s layout (no slot queue %q)", name, lay.Name, lay.Slot(name, 1))
+		if others, err := a.OtherLayouts(ctx, name); err == nil && len(others) > 0 {
+			msg += fmt.Sprintf("; it is a semaphore of the %s layout: use --layout %s", strings.Join(others, " and "), others[0])
+		}
+		return msg
 	}
 
 	switch verb {
 	case "create":
 		err = a.Create(ctx, name, slots)
 		if err == nil {
-			fmt.Fprintf(stdout, "created %s with %d slots\n", name, slots)
+			fmt.Fprintf(stdout, "created %s with %s\n", name, count(slots))
 		}
 	case "resize":
 		var ch amqpsem.Change
@@ -242,35 +318,53 @@ func run(args []string, stdout, stderr io.Writer) int {
 			ch, err = a.Resize(ctx, name, slots)
 		}
 		if err == nil {
-			fmt.Fprintf(stdout, "resized %s from %d to %d slots\n", name, ch.Before, ch.After)
+			fmt.Fprintf(stdout, "resized %s from %d to %s\n", name, ch.Before, count(ch.After))
 		}
 	case "destroy":
 		var n int
 		n, err = a.Destroy(ctx, name)
+		if err == nil && n == 0 {
+			return fail(exitError, "%s", missing())
+		}
 		if err == nil {
-			fmt.Fprintf(stdout, "destroyed %s (%d slots)\n", name, n)
+			fmt.Fprintf(stdout, "destroyed %s (%s)\n", name, count(n))
 		}
 	case "status":
 		var st amqpsem.Status
-		st, err = a.Status(ctx, name, *beyond)
+		st, err = a.Status(ctx, name)
+		if err == nil && st.Slots == 0 && len(st.Removed) == 0 {
+			return fail(exitError, "%s", missing())
+		}
 		if err == nil {
 			printStatus(stdout, name, st)
 		}
 	case "wait":
-		var n int
-		if n, err = a.Max(ctx, name); err == nil {
-			err = a.WaitReleased(ctx, name, min(n+*beyond, amqpsem.MaxSlots))
-		}
-		if err == nil {
-			fmt.Fprintf(stdout, "no removed slot of %s is held\n", name)
+		if err = a.WaitReleased(ctx, name); err == nil {
+			fmt.Fprintf(stdout, "no removed slot of %s is held (every slot number checked)\n", name)
 		}
 	case "acquire":
 		return acquire(ctx, c, name, *try, *grace, rest, stdout, stderr)
 	}
 	if err != nil {
-		return fail(code(err), "%v", err)
+		return fail(code(err), "%s", message(err))
 	}
 	return exitOK
+}
+
+// connName cuts s to the longest connection name, 255 bytes.
+func connName(s string) string {
+	if len(s) > 255 {
+		s = s[:255]
+	}
+	return s
+}
+
+// count returns "1 slot" or "n slots".
+func count(n int) string {
+	if n == 1 {
+		return "1 slot"
+	}
+	return strconv.Itoa(n) + " slots"
 }
 
 // code maps a library error to an exit code.
@@ -289,7 +383,10 @@ func printStatus(w io.Writer, name string, st amqpsem.Status) {
 	for _, i := range st.Held {
 		held[i] = true
 	}
-	fmt.Fprintf(w, "semaphore %s: %d slots, %d held\n", name, st.Slots, len(st.Held))
+	fmt.Fprintf(w, "semaphore %s (%s layout): %s, %d held\n", name, st.Layout, count(st.Slots), len(st.Held))
+	for _, o := range st.OtherLayouts {
+		fmt.Fprintf(w, "warning: %s also has slot queues in the %s layout: two semaphores share the name\n", name, o)
+	}
 	for i := 1; i <= st.Slots; i++ {
 		state := "free"
 		if held[i] {
@@ -306,7 +403,7 @@ func printStatus(w io.Writer, name string, st amqpsem.Status) {
 func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grace time.Duration, argv []string, stdout, stderr io.Writer) int {
 	s, err := c.Semaphore()
 	if err != nil {
-		fmt.Fprintln(stderr, "amqpsem: "+strings.TrimPrefix(err.Error(), "amqpsem: "))
+		fmt.Fprintln(stderr, "amqpsem: "+message(err))
 		return exitUsage
 	}
 	// Signals while waiting cancel the wait.
@@ -330,7 +427,7 @@ func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grac
 	}
 	cancel()
 	if err != nil {
-		fmt.Fprintf(stderr, "amqpsem: acquire %s: %v\n", name, err)
+		fmt.Fprintf(stderr, "amqpsem: acquire %s: %s\n", name, message(err))
 		return code(err)
 	}
 	slot := lease.(*amqpsem.Lease).Slot()
@@ -340,7 +437,7 @@ func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grac
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	cmd.Env = append(os.Environ(), "AMQPSEM_NAME="+name, "AMQPSEM_SLOT="+strconv.Itoa(slot))
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(stderr, "amqpsem: "+strings.TrimPrefix(err.Error(), "amqpsem: "))
+		fmt.Fprintln(stderr, "amqpsem: "+message(err))
 		return exitError
 	}
 	done := make(chan error, 1)
@@ -352,7 +449,7 @@ func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grac
 		select {
 		case err := <-done:
 			if lost {
-				fmt.Fprintf(stderr, "amqpsem: slot %d of %s lost while the command ran: %v\n", slot, name, context.Cause(lease.Context()))
+				fmt.Fprintf(stderr, "amqpsem: slot %d of %s lost while the command ran: %s\n", slot, name, message(context.Cause(lease.Context())))
 				return exitLost
 			}
 			var ee *exec.ExitError
@@ -363,7 +460,7 @@ func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grac
 				}
 				return ee.ExitCode()
 			case err != nil:
-				fmt.Fprintln(stderr, "amqpsem: "+strings.TrimPrefix(err.Error(), "amqpsem: "))
+				fmt.Fprintln(stderr, "amqpsem: "+message(err))
 				return exitError
 			}
 			return exitOK

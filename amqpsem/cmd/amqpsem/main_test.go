@@ -190,7 +190,7 @@ func TestCommand(t *testing.T) {
 	t.Cleanup(func() { run("destroy", name) })
 
 	expect(0, "Usage:", "--help")
-	expect(2, "Usage:", "status")
+	expect(2, "missing NAME", "status")
 	expect(2, "bad slot count", "create", name, "0")
 	expect(2, "invalid name", "create", "amq.nope", "2")
 	expect(1, "", "--url", "amqp://guest:guest@127.0.0.1:1/", "status", name)
@@ -237,7 +237,7 @@ func TestCommand(t *testing.T) {
 
 	// Remove a held slot: status shows it removed and still held; wait
 	// times out until its holder ends (SIGTERM is forwarded and released).
-	expect(0, "from 2 to 1 slots", "resize", name, "-1")
+	expect(0, "from 2 to 1 slot", "resize", name, "-1")
 	out = expect(0, "removed, still held", "status", name)
 	_ = out
 	expect(3, "", "--timeout", "300ms", "wait", name)
@@ -249,7 +249,8 @@ func TestCommand(t *testing.T) {
 	expect(0, "from 3 to 2 slots", "resize", name, "2")
 	expect(2, "", "resize", name, "-5")
 	expect(0, "destroyed "+name+" (2 slots)", "destroy", name)
-	expect(0, "0 slots", "status", name)
+	expect(0, "no removed slot", "--timeout", "30s", "wait", name)
+	expect(1, "no semaphore", "status", name)
 }
 
 // Bad names, flags and TLS settings are usage errors (exit 2), found
@@ -262,7 +263,7 @@ func TestUsageBeforeDial(t *testing.T) {
 	expect(2, "invalid name", "--url", down, "create", "amq.nope", "2")
 	expect(2, "invalid name", "--url", down, "status", "looks-like-a-slot-1-A")
 	expect(2, "invalid name", "--url", down, "--layout", "python", "acquire", "jobs-B-2", "--", "true")
-	expect(2, "--beyond", "--url", down, "--beyond", "-1", "status", "fine")
+	expect(2, "--connect-timeout", "--url", down, "--connect-timeout", "0s", "status", "fine")
 	expect(2, "--timeout", "--url", down, "--timeout", "-1s", "status", "fine")
 	expect(2, "--grace", "--url", down, "--grace", "-1s", "acquire", "fine", "--", "true")
 	expect(2, "heartbeat", "--url", down, "--heartbeat", "500ms", "status", "fine")
