@@ -561,6 +561,47 @@ func testCrashLiveness(t testing.TB, nh NewHarness) {
 	e.mustRelease(lease)
 }
 
+// testTryLockRecoversCrash: after the holder is killed, another client
+// that only calls TryLock (a job that skips a run when the name is busy)
+// gets the name within the stated CrashRecovery bound: a crashed holder's
+// name comes back to TryLock too, not only to a Lock that waited for it.
+// Each TryLock before then fails with ErrNotAcquired.
+func testTryLockRecoversCrash(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	name := e.name()
+	holder, hl := e.lockerClient()
+	held := e.mustTryLock(hl, name)
+	b := e.locker()
+	start := time.Now()
+	if err := e.h.Kill(e.ctx, holder); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	limit := bound(e.caps.CrashRecovery)
+	pause := min(max(e.caps.CrashRecovery/20, 10*time.Millisecond), 100*time.Millisecond)
+	tries := 0
+	for {
+		tries++
+		ctx, cancel := e.opCtx()
+		lease, err := b.TryLock(ctx, name)
+		cancel()
+		took := time.Since(start)
+		if err == nil {
+			t.Logf("TryLock took a killed holder's name after %v, at try %d (stated bound %v)", took.Round(time.Millisecond), tries, e.caps.CrashRecovery)
+			e.expectTokenAbove(lease, held, "the successor", "the killed holder")
+			e.mustRelease(lease)
+			return
+		}
+		if !errors.Is(err, locks.ErrNotAcquired) {
+			t.Fatalf("TryLock(%q) %v after Kill(holder): %v; want success or an error matching locks.ErrNotAcquired", name, took.Round(time.Millisecond), err)
+		}
+		if took > limit {
+			t.Fatalf("TryLock(%q) still fails %v after Kill(holder), after %d tries (stated CrashRecovery %v): %v", name, took.Round(time.Millisecond), tries, e.caps.CrashRecovery, err)
+		}
+		time.Sleep(pause)
+	}
+}
+
 // testLossOnKill: the killed client's own lease ends with ErrLost within
 // LossDetection.
 func testLossOnKill(t testing.TB, nh NewHarness) {

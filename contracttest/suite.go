@@ -47,6 +47,7 @@ var conformanceTests = []conformanceTest{
 	{"ReleaseEndedContext", testReleaseEndedContext},
 	{"StaleRelease", testStaleRelease},
 	{"CrashLiveness", testCrashLiveness},
+	{"TryLockRecoversCrash", testTryLockRecoversCrash},
 	{"LossOnKill", testLossOnKill},
 	{"PausedHolder", testPausedHolder},
 	{"PartitionedHolder", testPartitionedHolder},

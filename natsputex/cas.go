@@ -18,9 +18,10 @@ import (
 
 // record is what a read of a key found.
 type record struct {
-	rev    uint64 // revision of the last write (0 if the key never existed)
-	holder string // the token in the key, "" when free
-	exists bool   // false when the key is missing or deleted
+	rev    uint64    // revision of the last write (0 if the key never existed)
+	holder string    // the token in the key, "" when free
+	exists bool      // false when the key is missing or deleted
+	at     time.Time // when the last write was stored, by the stream leader's clock
 }
 
 // free reports whether the key may be written at once: missing, deleted or
@@ -29,6 +30,7 @@ func (r record) free() bool { return r.holder == "" }
 
 // store runs the protocol's reads and writes on one bucket.
 type store struct {
+	js     jetstream.JetStream
 	kv     jetstream.KeyValue
 	nc     *nats.Conn
 	get    string // the stream's message-get API subject
@@ -45,6 +47,7 @@ func newStore(js jetstream.JetStream, kv jetstream.KeyValue) store {
 		api = strings.TrimSuffix(o.APIPrefix, ".") + "."
 	}
 	return store{
+		js:     js,
 		kv:     kv,
 		nc:     js.Conn(),
 		get:    api + "STREAM.MSG.GET.KV_" + kv.Bucket(),
@@ -85,9 +88,10 @@ func decodeRecord(key string, data []byte) (record, error) {
 			Description string `json:"description"`
 		} `json:"error"`
 		Message *struct {
-			Seq  uint64 `json:"seq"`
-			Hdrs []byte `json:"hdrs"`
-			Data []byte `json:"data"`
+			Seq  uint64    `json:"seq"`
+			Hdrs []byte    `json:"hdrs"`
+			Data []byte    `json:"data"`
+			Time time.Time `json:"time"`
 		} `json:"message"`
 	}
 	if err := json.Unmarshal(data, &resp); err != nil {
@@ -103,7 +107,7 @@ func decodeRecord(key string, data []byte) (record, error) {
 	case resp.Message.Seq == 0:
 		return record{}, fmt.Errorf("reading key %q: a message without a sequence", key)
 	}
-	r := record{rev: resp.Message.Seq, holder: string(resp.Message.Data), exists: true}
+	r := record{rev: resp.Message.Seq, holder: string(resp.Message.Data), exists: true, at: resp.Message.Time}
 	if len(resp.Message.Hdrs) > 0 {
 		h, err := decodeHeaders(resp.Message.Hdrs)
 		if err != nil {
@@ -111,7 +115,7 @@ func decodeRecord(key string, data []byte) (record, error) {
 		}
 		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
 			// A deleted key: free, and written over by a create.
-			return record{rev: r.rev}, nil
+			return record{rev: r.rev, at: r.at}, nil
 		}
 	}
 	return r, nil
@@ -127,6 +131,38 @@ func decodeHeaders(b []byte) (h nats.Header, err error) {
 		}
 	}()
 	return nats.DecodeHeadersMsg(b)
+}
+
+// clockKey is the key of the bucket that [store.now] writes: its ':' is
+// legal in a NATS subject but not in a lock's name, so that no lock is
+// ever named so.
+const clockKey = "natsputex:clock"
+
+// now returns the server's time: the time the stream's leader stamps on
+// a write made now, to the bucket's clock key (an empty message, one
+// round trip), read back by its sequence (another). Compared with a
+// record's at, it tells how long ago the key was last written without
+// comparing the clocks of the client and the server.
+func (s store) now(ctx context.Context) (time.Time, error) {
+	ack, err := s.js.Publish(ctx, s.prefix+clockKey, nil)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("writing the clock key: %w", err)
+	}
+	req, _ := json.Marshal(struct {
+		Seq uint64 `json:"seq"`
+	}{ack.Sequence})
+	m, err := s.nc.RequestWithContext(ctx, s.get, req)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading the clock key: %w", err)
+	}
+	r, err := decodeRecord(clockKey, m.Data)
+	switch {
+	case err != nil:
+		return time.Time{}, err
+	case r.at.IsZero():
+		return time.Time{}, errors.New("reading the clock key: no time")
+	}
+	return r.at, nil
 }
 
 // jsNoMessageFound is JetStream's error code for a message get that finds
@@ -217,9 +253,10 @@ func retryBusy(ctx context.Context, cas func() (uint64, error)) (uint64, error) 
 // monotonic clock: the last revision it saw and when it first saw it.
 // Clocks of other machines are never consulted.
 type silence struct {
-	rev   uint64
-	since time.Time
-	blank bool // the write at rev, seen by the watch, left the key blank
+	rev      uint64
+	since    time.Time
+	blank    bool // the write at rev, seen by the watch, left the key blank
+	measured bool // the server's clock has told the write's age (backdate)
 }
 
 // see records that rev was observed now, restarting the clock if rev is
@@ -227,7 +264,7 @@ type silence struct {
 // are ignored.
 func (s *silence) see(rev uint64, now time.Time) {
 	if s.since.IsZero() || rev > s.rev {
-		s.rev, s.since, s.blank = rev, now, false
+		s.rev, s.since, s.blank, s.measured = rev, now, false, false
 	}
 }
 
@@ -256,6 +293,33 @@ func (c *clocks) see(i int, rev uint64) time.Duration {
 	now := time.Now()
 	c.s[i].see(rev, now)
 	return c.s[i].quiet(rev, now)
+}
+
+// measured reports whether the age of the write at rev on key i has been
+// measured with the server's clock ([clocks.backdate]) by this call.
+func (c *clocks) measured(i int, rev uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.s[i].rev == rev && c.s[i].measured
+}
+
+// backdate records that the write at rev on key i was age old, by the
+// server's clock, now: the key's silence is counted from then if that is
+// earlier than when this call first saw it. From then on only the rate of
+// this call's own clock counts. It returns how long the key has been
+// quiet.
+func (c *clocks) backdate(i int, rev uint64, age time.Duration) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	s := &c.s[i]
+	if s.rev == rev {
+		s.measured = true
+		if from := now.Add(-age); age > 0 && from.Before(s.since) {
+			s.since = from
+		}
+	}
+	return s.quiet(rev, now)
 }
 
 // seeBlank records that the watch saw key i left blank by the write at

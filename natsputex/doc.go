@@ -21,11 +21,22 @@
 //     token every R, after its health check ([WithHealthCheck]) passes.
 //   - F, the failure threshold ([WithFailureThreshold]): T = F·R is the
 //     lock timeout. A key held by another token is taken over only after it
-//     has gone T without any write, measured by the waiter on its own
-//     monotonic clock from the moment it saw the last change (a waiter that
-//     just started watches for a full T). Clocks of different machines are
-//     never compared; the only assumption is that they run at about the same
-//     rate.
+//     has gone T without any write. A call measures that silence from the
+//     key's last write, as the stream leader's clock stamped it, to the
+//     time the same server stamps on a write of its own made when the call
+//     first reads that revision (an empty message to the bucket's key
+//     "natsputex:clock", which no lock can be named), then on its own
+//     monotonic clock; so a TryLock, or a process started after the
+//     holder crashed, takes a key silent for T at once. The client's clock
+//     is never compared with a server's; the assumptions are that clocks
+//     run at about the same rate, that the server's clock does not step
+//     forward by more than T − R between two stamps, and, when a stream
+//     leader changes between the two, that the nodes' clocks agree to well
+//     within T − R. Should those fail, a live holder's key may be taken
+//     over: the holder's next renewal then fails and ends its lease,
+//     within R, before a taker-over with C >= 1 hands out its own. A call
+//     whose server cannot tell (the clock write fails) watches the key for
+//     a full T itself.
 //   - C, the confirmation count ([WithConfirmations]): after a takeover, the
 //     new holder rewrites its token for C intervals before the lease is
 //     handed to the caller (or the Supervisor starts the service); a free key
@@ -71,8 +82,11 @@
 //     a resource that outlives the bucket must be told (reset its highest
 //     token) or keyed by more than the token.
 //   - A dead holder's key is taken over after about T + C·R of silence
-//     (T = F·R), measured by the successor's own clock, plus up to one
-//     interval of alignment.
+//     (T = F·R), by the server's clock and then the successor's own, plus
+//     up to one interval of alignment: a waiting Lock takes it then, and
+//     so does any Lock or TryLock made later, at once (after C·R of
+//     confirmation). A crashed holder wrote at most R before it crashed,
+//     so its key comes back within T + R + C·R of the crash.
 //   - A holder learns it lost its key at its next renewal, within R; one
 //     cut off from NATS ends its lease by itself once T − margin has
 //     passed since its last successful write began, before anyone may

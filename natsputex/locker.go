@@ -29,9 +29,12 @@ func (c *Client) Locker() *Locker { return &Locker{c} }
 // Lock blocks until it holds the key name, and returns the lease; see
 // [locks.Locker.Lock]. A free key (missing or blank) is taken at once; a
 // key held by another token is taken over only after it has gone T = F·R
-// without any write, as seen by this call from its start, and then handed
-// over after C more renewal intervals. The wait is woken by a KV watch on
-// the key.
+// without any write, and then handed over after C more renewal intervals.
+// The silence is counted from the key's last write as the server's clock
+// stamped it, against the server's time when this call first reads the
+// key (see the package doc), and from then on by this call's own clock;
+// so a key silent for T already is taken over at once. The wait is woken
+// by a KV watch on the key.
 //
 // On failure Lock returns an error and holds nothing; when ctx ends first,
 // the error matches ctx.Err(). An invalid key name gives an error matching
@@ -43,11 +46,14 @@ func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	return l.c.acquire(ctx, name, []string{name}, true)
 }
 
-// TryLock takes the key name if it is free (missing or blank), and returns
-// an error matching [locks.ErrNotAcquired] at once otherwise: a
-// [*locks.HeldError] naming the holder's token. A call that has not watched
-// a key for T never takes it over, so TryLock never takes a key from a
-// live-looking holder.
+// TryLock takes the key name if it is free (missing or blank), or if its
+// holder has not written it for T = F·R by the server's clock (a crashed
+// holder's key: see the package doc), and returns an error matching
+// [locks.ErrNotAcquired] at once otherwise: a [*locks.HeldError] naming
+// the holder's token. Taking a silent key over, TryLock confirms it like
+// Lock does, so it returns after C renewal intervals. A TryLock made T or
+// more after a crashed holder's last write takes the key: within T + R +
+// C·R of the crash (the holder wrote at most R before it).
 func (l *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
 	if err := keys.Check(name); err != nil {
 		return nil, fmt.Errorf("natsputex: lock: %w", err)
@@ -172,9 +178,10 @@ func (c *Client) tryKeys(ctx context.Context, name string, ks []string, cl *cloc
 		first = rand.IntN(len(ks))
 	}
 	var soonest *locks.HeldError
+	clock := &serverClock{st: c.st}
 	for n := range ks {
 		i := (first + n) % len(ks)
-		lease, err := c.tryKey(ctx, name, ks[i], i, len(ks) > 1, cl)
+		lease, err := c.tryKey(ctx, name, ks[i], i, len(ks) > 1, cl, clock)
 		if err == nil {
 			return lease, nil
 		}
@@ -189,8 +196,26 @@ func (c *Client) tryKeys(ctx context.Context, name string, ks []string, cl *cloc
 	return nil, soonest
 }
 
+// serverClock asks the server for its time once per attempt on a set of
+// keys (see [store.now]): a time asked before a key was read only makes
+// the key look younger than it is.
+type serverClock struct {
+	st   store
+	t    time.Time
+	err  error
+	done bool
+}
+
+func (sc *serverClock) now(ctx context.Context) (time.Time, error) {
+	if !sc.done {
+		sc.t, sc.err = sc.st.now(ctx)
+		sc.done = true
+	}
+	return sc.t, sc.err
+}
+
 // tryKey makes one attempt at key, slot i of ks.
-func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bool, cl *clocks) (*lease, error) {
+func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bool, cl *clocks, clock *serverClock) (*lease, error) {
 	slot := 0
 	if slotted {
 		slot = i + 1
@@ -239,11 +264,25 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 		return c.hold(ctx, name, key, slot, token, rev, rev, start)
 	}
 	T := c.o.ttl()
+	if quiet < T && !r.at.IsZero() && !cl.measured(i, r.rev) {
+		// The first sight of this write by this call (every TryLock's):
+		// ask the server how long ago it was stored, by its own clock,
+		// so that a key silent for T already is taken over now, not
+		// after this call has watched it for T. If the server cannot
+		// tell, this call's own clock counts alone.
+		octx, cancel := c.opContext(ctx)
+		now, err := clock.now(octx)
+		cancel()
+		if err == nil {
+			quiet = cl.backdate(i, r.rev, now.Sub(r.at))
+		}
+	}
 	if quiet < T {
 		return nil, held(T-quiet, nil)
 	}
-	// The key has gone T without a write, by this call's own clock: the
-	// holder is presumed dead. Take it over, then confirm for C intervals.
+	// The key has gone T without a write, by the server's clock or this
+	// call's own: the holder is presumed dead. Take it over, then confirm
+	// for C intervals.
 	if err := c.healthCheck(ctx, Standby); err != nil {
 		return nil, held(c.o.renew, err)
 	}
