@@ -28,6 +28,15 @@ type options struct {
 	ascending    bool
 	wakeExchange string
 	mutexWait    func(name string)
+
+	hooks testHooks
+}
+
+// testHooks let this package's tests act at the moments the
+// specification's races happen, against the real broker.
+type testHooks struct {
+	beforeDeclare func(slot int)                   // a scan found slot free; its B is declared next
+	skew          func(d time.Duration, err error) // a lost race; the scan starts again after d
 }
 
 func defaults() options {

@@ -160,6 +160,9 @@ func (s *Semaphore) try(ctx context.Context, name string) (*Lease, error) {
 		if h == nil {
 			continue // another call of this client just took it
 		}
+		if f := s.opts.hooks.beforeDeclare; f != nil {
+			f(slot)
+		}
 		sent := time.Now()
 		err = c.declareExclusive(ctx, h, lay.Args)
 		if err == nil {
@@ -190,7 +193,11 @@ func (s *Semaphore) try(ctx context.Context, name string) (*Lease, error) {
 			return nil, &locks.HeldError{Name: name, Err: fmt.Errorf("%w (%d attempts): %w", ErrContention, attempt, lastRace)}
 		}
 		if s.opts.skew > 0 {
-			t := time.NewTimer(rand.N(s.opts.skew))
+			d := rand.N(s.opts.skew)
+			if f := s.opts.hooks.skew; f != nil {
+				f(d, lastRace)
+			}
+			t := time.NewTimer(d)
 			select {
 			case <-ctx.Done():
 				t.Stop()
