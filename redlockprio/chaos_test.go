@@ -2,26 +2,136 @@ package redlockprio_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/latchkey-go/latchkey/contracttest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/redlockprio"
 )
 
-// TestChaos runs the randomized fault run on three masters: crashed,
-// closed and impatient clients on a few names, every critical section
+// The ranges the chaos clients' options are drawn from.
+const (
+	chaosMinTTL   = 300 * time.Millisecond
+	chaosMaxTTL   = 1200 * time.Millisecond
+	chaosMaxDrift = 0.05
+	chaosMaxPrio  = 2
+)
+
+// TestChaos runs the randomized fault run on three masters, each client
+// with its own TTL, renewal interval, drift factor and priority: crashed,
+// closed and impatient clients, replies lost or late on a client's links,
+// a minority of masters refusing connections, a master killed and
+// restarted empty after more than any TTL. Every critical section is
 // checked for overlap, fencing and recovery. `mage chaos` runs it for
 // minutes; here it runs for seconds.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the chaos run takes seconds")
 	}
+	servers := testenv.StartRedis(t, 3)
+	// Every client reaches master i through front[i], which a fault cuts
+	// to make the master refuse connections without losing its data.
+	var front testenv.Proxies
 	var addrs []string
-	for _, s := range testenv.StartRedis(t, 3) {
-		addrs = append(addrs, s.Addr())
+	for _, s := range servers {
+		p := testenv.NewProxy(t, s.Addr())
+		front = append(front, p)
+		addrs = append(addrs, p.Addr())
 	}
-	contracttest.RunChaos(t, func(context.Context, testing.TB) (contracttest.Harness, error) {
-		return &harness{addrs: addrs}, nil
-	}, contracttest.ChaosConfig{Duration: 5 * time.Second})
+	contracttest.RunChaos(t, func(_ context.Context, t testing.TB) (contracttest.Harness, error) {
+		return &chaosHarness{harness: &harness{t: t, addrs: addrs}, servers: servers, front: front}, nil
+	}, contracttest.ChaosConfig{Duration: 5 * time.Second, MaxHold: 500 * time.Millisecond})
+}
+
+// chaosHarness is the suite's harness whose chaos clients differ, each
+// behind proxies of its own (its Link), in front of the shared front
+// proxies of the masters.
+type chaosHarness struct {
+	*harness
+	servers []*testenv.RedisServer
+	front   testenv.Proxies
+}
+
+var (
+	_ contracttest.ChaosHarness  = (*chaosHarness)(nil)
+	_ contracttest.BrokerFaulter = (*chaosHarness)(nil)
+)
+
+func (h *chaosHarness) NewChaosClient(_ context.Context, rng *rand.Rand) (contracttest.ChaosClient, error) {
+	ttl := chaosMinTTL + time.Duration(rng.Int64N(int64(chaosMaxTTL-chaosMinTTL))).Round(time.Millisecond)
+	drift := float64(rng.IntN(int(chaosMaxDrift*1000)+1)) / 1000
+	// The renewal interval must be at most (TTL − drift)/3; draw it in
+	// the upper half of what is allowed.
+	most := (ttl - time.Duration(drift*float64(ttl)) - 2*time.Millisecond) / 3
+	renew := (most/2 + time.Duration(rng.Int64N(int64(most/2)))).Round(time.Millisecond)
+	prio := rng.IntN(chaosMaxPrio + 1)
+
+	var link testenv.Proxies
+	var via []string
+	for _, a := range h.addrs {
+		p := testenv.NewProxy(h.t, a)
+		link = append(link, p)
+		via = append(via, p.Addr())
+	}
+	h.mu.Lock()
+	h.proxies = append(h.proxies, link...)
+	h.mu.Unlock()
+	c, err := newClient(via, redlockprio.WithTTL(ttl), redlockprio.WithRenewInterval(renew),
+		redlockprio.WithDriftFactor(drift), redlockprio.WithPriority(prio))
+	if err != nil {
+		return contracttest.ChaosClient{}, err
+	}
+	h.mu.Lock()
+	h.made = append(h.made, c)
+	h.mu.Unlock()
+	return contracttest.ChaosClient{
+		Client:  c,
+		Options: fmt.Sprintf("ttl=%v renew=%v drift=%.3f priority=%d", ttl, renew, drift, prio),
+		// A crashed holder's keys expire within its TTL, or, where it
+		// displaced a holder of a longer TTL, within that one's: the
+		// longest TTL of the mix, and one poll of the waiters.
+		CrashRecovery: chaosMaxTTL + 100*time.Millisecond,
+		Link:          link,
+	}, nil
+}
+
+// Capabilities are the suite's, with the bounds of the longest TTL drawn.
+func (h *chaosHarness) Capabilities() contracttest.Capabilities {
+	caps := h.harness.Capabilities()
+	caps.CrashRecovery = chaosMaxTTL + 100*time.Millisecond
+	return caps
+}
+
+// BrokerFaults: a minority of masters (one of three) refusing
+// connections for a while, with their data; a master killed and restarted
+// empty after more than any TTL, as the package doc advises.
+func (h *chaosHarness) BrokerFaults() []contracttest.BrokerFault {
+	minority := (len(h.servers) - 1) / 2
+	return []contracttest.BrokerFault{{
+		Kind: "minority-refuses",
+		Inject: func(_ context.Context, rng *rand.Rand) (func() error, error) {
+			var cut testenv.Proxies
+			for _, i := range rng.Perm(len(h.front))[:minority] {
+				cut = append(cut, h.front[i])
+			}
+			cut.Cut()
+			return func() error { cut.Restore(); return nil }, nil
+		},
+	}, {
+		Kind: "master-restarted-empty",
+		Inject: func(_ context.Context, rng *rand.Rand) (func() error, error) {
+			s := h.servers[rng.IntN(len(h.servers))]
+			if err := s.Kill(); err != nil {
+				return nil, err
+			}
+			return s.Restart, nil
+		},
+		MinOutage: chaosMaxTTL + 200*time.Millisecond,
+		MaxOutage: 2 * chaosMaxTTL,
+		// The restarted redis-server's waiter and output copier.
+		Goroutines: []string{"github.com/latchkey-go/latchkey/contracttest/testenv.", "os/exec."},
+	}}
 }

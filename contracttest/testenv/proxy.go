@@ -24,11 +24,11 @@ const proxyDialTimeout = 5 * time.Second
 
 // A Proxy is a TCP proxy on 127.0.0.1 between clients and one upstream
 // address, which injects network faults on demand: [Proxy.Cut],
-// [Proxy.BlackHole], [Proxy.DropReplies], [Proxy.Latency] and
-// [Proxy.ResetPeer], undone by [Proxy.Restore]. Faults apply to connections
-// already open and to new ones, in both directions at once (but for
-// DropReplies), so that a client sees a partition or a dead
-// peer rather than a misbehaving server. Its methods are safe to call from
+// [Proxy.BlackHole], [Proxy.DropReplies], [Proxy.DelayReplies],
+// [Proxy.Latency] and [Proxy.ResetPeer], undone by [Proxy.Restore]. Faults
+// apply to connections already open and to new ones, in both directions at
+// once (but for DropReplies and DelayReplies), so that a client sees a
+// partition or a dead peer rather than a misbehaving server. Its methods are safe to call from
 // several goroutines. The proxy and its connections are closed at the end of
 // the test that created it.
 type Proxy struct {
@@ -47,6 +47,7 @@ type Proxy struct {
 	dropBack  bool // black hole from upstream to client only
 	reset     bool
 	latency   time.Duration
+	lateBack  time.Duration // more delay from upstream to client only
 	wake      chan struct{} // closed and replaced when a fault changes
 }
 
@@ -125,6 +126,17 @@ func (p *Proxy) DropReplies() {
 	p.setFaults(func() { p.dropBack = true })
 }
 
+// DelayReplies is [Proxy.Latency] in one direction: what clients send
+// reaches the upstream at once, but what comes back is held for d more
+// before it is delivered (in order), until [Proxy.Restore], which
+// delivers what is held at once. A request then runs at the broker at
+// once while its client hears the reply late, maybe after it gave up
+// waiting: a reply that arrives when its caller no longer expects it. A
+// later call replaces the delay, also for data already waiting.
+func (p *Proxy) DelayReplies(d time.Duration) {
+	p.setFaults(func() { p.lateBack = max(d, 0) })
+}
+
 // Latency delays each piece of data in each direction by d, so that a
 // request and its reply take at least 2*d more, until [Proxy.Restore]. A
 // later call replaces the delay, also for data already waiting.
@@ -145,7 +157,7 @@ func (p *Proxy) ResetPeer() {
 // address was taken while the proxy was cut.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
-	p.blackHole, p.dropBack, p.reset, p.latency = false, false, false, 0
+	p.blackHole, p.dropBack, p.reset, p.latency, p.lateBack = false, false, false, 0, 0
 	p.wakeLocked()
 	tainted := p.linksLocked(func(l *link) bool { return l.tainted.Load() })
 	if p.ln == nil && !p.closed {
@@ -182,7 +194,11 @@ func (p *Proxy) wakeLocked() {
 func (p *Proxy) faults(toClient bool) (blackHole, reset bool, latency time.Duration, wake <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.blackHole || toClient && p.dropBack, p.reset, p.latency, p.wake
+	latency = p.latency
+	if toClient {
+		latency += p.lateBack
+	}
+	return p.blackHole || toClient && p.dropBack, p.reset, latency, p.wake
 }
 
 // close stops the proxy for good and waits for all its goroutines.
@@ -373,6 +389,13 @@ func (ps Proxies) DropReplies() { ps.each((*Proxy).DropReplies) }
 
 // ResetPeer makes every proxy reset its connections; see [Proxy.ResetPeer].
 func (ps Proxies) ResetPeer() { ps.each((*Proxy).ResetPeer) }
+
+// DelayReplies delays every proxy's replies by d; see [Proxy.DelayReplies].
+func (ps Proxies) DelayReplies(d time.Duration) {
+	for _, p := range ps {
+		p.DelayReplies(d)
+	}
+}
 
 // Latency delays every proxy's data by d; see [Proxy.Latency].
 func (ps Proxies) Latency(d time.Duration) {
