@@ -33,6 +33,8 @@ type Lease struct {
 	key     string
 	fence   string
 	settled chan struct{} // closed once notices about this attempt may be acknowledged
+	letGo   chan struct{} // closed when the holder lets go: Release (or Close) was called
+	letOnce sync.Once
 
 	releasing atomic.Bool // the release's calls to the masters have started
 
@@ -79,6 +81,7 @@ func (e *Lease) Release(ctx context.Context) error { return e.base.Release(ctx) 
 // release deletes the lease's keys at the masters; it is the BaseLease's
 // Release hook.
 func (e *Lease) release(ctx context.Context) error {
+	e.letOnce.Do(func() { close(e.letGo) })
 	l := e.l
 	l.mu.Lock()
 	keep := e.victimsLive
@@ -103,7 +106,7 @@ func (e *Lease) release(ctx context.Context) error {
 	// on in the background: the call runs on ctx, if it is still live.)
 	f := fan{enough: l.quorumAnswered, name: e.name}
 	if !l.inline() || ctx.Err() != nil {
-		f.calls, f.done = context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
+		f.calls, f.done = context.WithTimeout(context.WithoutCancel(ctx), l.callTO)
 	}
 	keys := []string{e.key, e.fence}
 	channel := l.relChannel(e.name)
@@ -223,8 +226,14 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := l.dupErr(); err != nil {
+		return nil, fmt.Errorf("redlockprio: lock %q: %w", name, err)
+	}
 	if err := l.subscribeInbox(ctx); err != nil {
 		return nil, err
+	}
+	if err := l.identify(ctx); err != nil {
+		return nil, fmt.Errorf("redlockprio: lock %q: %w", name, err)
 	}
 	keys := make([]string, 0, size+1)
 	keys = append(keys, l.fenceKey(name))
@@ -236,6 +245,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		id:      l.holderID(),
 		fence:   keys[0],
 		settled: make(chan struct{}),
+		letGo:   make(chan struct{}),
 	}
 	l.mu.Lock()
 	if l.closing {
@@ -252,16 +262,18 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	ttlMS := l.o.ttl.Milliseconds()
 	start := time.Now()
 	// The calls run on a context of their own, which ctx's end does not
-	// cut short, until this deadline: calls still running when the
-	// outcome is decided go on, so that the key (and counter) lands on
-	// every master, and the answers that come after Lock returned are
-	// seen to (lateAnswers). ctx bounds the wait for them.
+	// cut short, until the per-master call timeout: calls still running
+	// when the outcome is decided go on, so that the key (and counter)
+	// lands on every master, and the answers that come after Lock
+	// returned are seen to (lateAnswers). ctx bounds the wait for them,
+	// and so does the call timeout: a master that has not answered by
+	// then counts as failed.
 	// With one master called on this goroutine (inline), nothing goes on
 	// in the background: the call runs on ctx.
 	var late *lateAnswers
 	f := fan{name: name}
 	if !l.inline() {
-		f.calls, f.done = context.WithDeadline(context.WithoutCancel(ctx), start.Add(l.o.ttl/2))
+		f.calls, f.done = context.WithDeadline(context.WithoutCancel(ctx), start.Add(l.callTO))
 		late = &lateAnswers{l: l, e: e}
 		defer late.decide(0) // a failed attempt, unless decided otherwise
 		f.late = late.add
@@ -271,6 +283,9 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	}
 	fl := *floor
 	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
+		if err := l.verify(ctx, m); err != nil {
+			return nil, err
+		}
 		return runScript(ctx, acquireScript, m.c, keys, e.id, ttlMS, l.o.priority, l.inbox, fl, first)
 	}, f)
 
@@ -290,6 +305,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 			} else {
 				g.at = time.Now()
 				*floor = max(*floor, g.counter)
+				l.noteLongest(g.pttl)
 				if g.status == 0 {
 					held = append(held, g)
 				} else {
@@ -336,7 +352,12 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		}
 		return nil, err
 	}
+	if err := l.dupErr(); err != nil {
+		return fail(fmt.Errorf("redlockprio: lock %q: %w", name, err))
+	}
 	if len(won) < l.quorum {
+		// Held, unless fewer than a quorum answered at all: a dead or
+		// hung minority does not turn contention into a QuorumError.
 		if answered := len(grants) + len(held); answered < l.quorum {
 			return fail(&QuorumError{Got: answered, Need: l.quorum, Errs: errs})
 		}
@@ -387,7 +408,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		// Rare: the masters' counters differ (one restarted, say). Raise
 		// every master not known to have the token, and wait for enough.
 		need := l.quorum - atToken
-		wcalls, wcancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(l.o.ttl/2))
+		wcalls, wcancel := context.WithTimeout(context.WithoutCancel(ctx), l.callTO)
 		wrs := l.fanout(ctx, append(lower, pending...), func(ctx context.Context, m *master) (any, error) {
 			return runScript(ctx, raiseScript, m.c, []string{e.fence}, token)
 		}, fan{enough: func(rs []result) bool {
@@ -520,14 +541,18 @@ type victim struct {
 
 // victimsOf returns the holders that gs displaced, by holder id: each may
 // run until the largest PTTL its keys had when displaced, plus the drift
-// allowance, counted from when the answer arrived.
+// allowance over that time (at least the Locker's own), counted from when
+// the answer arrived. A displaced key's PTTL covers the validity of every
+// holder displaced before it too, whatever their TTLs: a thief's key
+// never expires before the key it displaced would have, and renewals
+// never shorten a key (see acquireScript).
 func (l *Locker) victimsOf(gs []grant) map[string]*victim {
 	var victims map[string]*victim // nil when nobody was displaced
 	for _, g := range gs {
 		if g.status != 2 || g.holder == "" {
 			continue
 		}
-		until := g.at.Add(g.pttl + l.drift)
+		until := g.at.Add(g.pttl + max(l.drift, l.o.driftOver(g.pttl)))
 		if v := victims[g.holder]; v == nil {
 			if victims == nil {
 				victims = map[string]*victim{}
@@ -606,7 +631,7 @@ func (l *Locker) forgetAcks(acks map[string]chan struct{}) {
 // expire: set after the victim's, they outlast its validity.
 func (l *Locker) abandon(ctx context.Context, e *Lease, gs []grant, others []*master) {
 	victims := l.victimsOf(gs)
-	var now, taken []*master
+	var now, taken, unknown []*master
 	for _, g := range gs {
 		if g.status == 2 && len(victims) > 0 {
 			taken = append(taken, g.m)
@@ -617,25 +642,28 @@ func (l *Locker) abandon(ctx context.Context, e *Lease, gs []grant, others []*ma
 	for _, m := range others {
 		if !slices.Contains(taken, m) && !slices.Contains(now, m) {
 			now = append(now, m)
+			unknown = append(unknown, m)
 		}
 	}
-	// On the masters of now, a key the attempt took from a holder it does
-	// not know of (the answer was lost) is kept: see releaseScript.
+	// On the masters whose answer the attempt did not get (unknown), a
+	// key it took from a holder it does not know of is kept: see
+	// releaseScript. Where it got the answer, it knows it took nothing
+	// from anyone it has not told, and the key goes.
 	if len(victims) == 0 {
-		l.abort(ctx, e, now, true)
+		l.abort(ctx, e, now, unknown)
 		return
 	}
-	l.deleteKeys(ctx, e, now, true)
+	l.deleteKeys(ctx, e, now, unknown)
 	acks := l.tell(victims)
 	if !l.goTracked(func() {
 		if l.waitVictims(victims, acks, time.Time{}) {
-			l.abort(context.Background(), e, taken, false)
+			l.abort(context.Background(), e, taken, nil)
 		} else {
-			l.abort(context.Background(), e, nil, false)
+			l.abort(context.Background(), e, nil, nil)
 		}
 	}) {
 		l.forgetAcks(acks)
-		l.abort(ctx, e, nil, false)
+		l.abort(ctx, e, nil, nil)
 	}
 }
 
@@ -671,37 +699,41 @@ func heldError(name string, held []grant, quorum, size int, err error) error {
 const splitRetry = 5 * time.Millisecond
 
 // abort forgets a failed attempt and deletes whatever it got on ms (see
-// deleteKeys for keepTaken).
-func (l *Locker) abort(ctx context.Context, e *Lease, ms []*master, keepTaken bool) {
+// deleteKeys for unknown).
+func (l *Locker) abort(ctx context.Context, e *Lease, ms, unknown []*master) {
 	l.forget(e)
 	select {
 	case <-e.settled:
 	default:
 		close(e.settled)
 	}
-	l.deleteKeys(ctx, e, ms, keepTaken)
+	l.deleteKeys(ctx, e, ms, unknown)
 }
 
-// deleteKeys deletes the attempt's keys, of every slot, on ms; with
-// keepTaken, not those it took from another holder (see releaseScript).
-// It waits for the answers until ctx ends; the calls go on regardless (up
-// to TTL/2), so that a Lock whose context ended returns at once and still
-// cleans up.
-func (l *Locker) deleteKeys(ctx context.Context, e *Lease, ms []*master, keepTaken bool) {
+// deleteKeys deletes the attempt's keys, of every slot, on ms; on those
+// of them in unknown (masters whose answer the attempt did not get), not
+// those it took from another holder (see releaseScript), and it
+// remembers that it may have kept some (see notice). It waits for the
+// answers until ctx ends or the call timeout; the calls go on regardless
+// until then, so that a Lock whose context ended returns at once and
+// still cleans up.
+func (l *Locker) deleteKeys(ctx context.Context, e *Lease, ms, unknown []*master) {
 	if len(ms) == 0 {
 		return
 	}
-	calls, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
+	calls, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.callTO)
 	var keys []string
 	for s := 1; s <= e.size; s++ {
 		keys = append(keys, l.key(e.name, s))
 	}
-	keep := "0"
-	if keepTaken {
-		keep = "1"
+	if len(unknown) > 0 {
 		l.rememberKept(e.id)
 	}
 	l.fanout(ctx, ms, func(ctx context.Context, m *master) (any, error) {
+		keep := "0"
+		if slices.Contains(unknown, m) {
+			keep = "1"
+		}
 		for _, k := range keys {
 			if _, err := runScript(ctx, releaseScript, m.c, []string{k, e.fence}, e.id, 0, "", keep); err != nil {
 				return nil, err
@@ -766,7 +798,7 @@ func (a *lateAnswers) check(r result, token uint64) {
 	if err == nil {
 		g, err = parseGrant(r, a.e.size, a.l.o.ttl)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), a.l.o.ttl/2)
+	ctx, cancel := context.WithTimeout(context.Background(), a.l.callTO)
 	defer cancel()
 	switch {
 	case token == 0 && err == nil && g.status == 1:
@@ -791,7 +823,7 @@ func (a *lateAnswers) check(r result, token uint64) {
 // raiseLater raises m's fence counter to token in the background.
 func (l *Locker) raiseLater(fence string, m *master, token uint64) {
 	l.spawn(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), l.o.ttl/2)
+		ctx, cancel := context.WithTimeout(context.Background(), l.callTO)
 		defer cancel()
 		_, _ = runScript(ctx, raiseScript, m.c, []string{fence}, token)
 	})
@@ -804,19 +836,56 @@ type slotGrants struct {
 }
 
 // grantDecided says whether the acquire answers so far decide the
-// outcome of an attempt at a lock (one slot): a quorum granted, or so
-// many masters did not grant (held elsewhere, or failed) that the others
-// cannot make a quorum.
+// outcome of an attempt at a lock (one slot), and so which outcome it
+// is: a quorum granted (won); so many masters failed that fewer than a
+// quorum can answer (a QuorumError); or a quorum answered and so few
+// granted that the masters yet to answer cannot make a quorum (held).
+// Failures and "held" answers are not added up: with a dead minority, a
+// held name must read as held, not as a quorum failure, so the live
+// masters' answers are awaited (up to the call timeout).
 func (l *Locker) grantDecided(rs []result) bool {
-	granted := 0
+	granted, answered, failed := 0, 0, 0
 	for _, r := range rs {
-		if r.err == nil {
-			if v, ok := r.val.([]any); ok && len(v) > 0 && v[0] != int64(0) {
-				granted++
-			}
+		if r.err != nil {
+			failed++
+			continue
+		}
+		answered++
+		if v, ok := r.val.([]any); ok && len(v) > 0 && v[0] != int64(0) {
+			granted++
 		}
 	}
-	return granted >= l.quorum || len(rs)-granted > len(l.masters)-l.quorum
+	pending := len(l.masters) - len(rs)
+	switch {
+	case granted >= l.quorum:
+		return true
+	case failed > len(l.masters)-l.quorum:
+		return true
+	case answered >= l.quorum && granted+pending < l.quorum:
+		return true
+	}
+	return false
+}
+
+// noteLongest records the PTTL of another holder's key seen in an answer.
+func (l *Locker) noteLongest(d time.Duration) {
+	ms := d.Milliseconds()
+	for {
+		cur := l.longest.Load()
+		if ms <= cur || l.longest.CompareAndSwap(cur, ms) {
+			return
+		}
+	}
+}
+
+// keptFor is how long a key that a failed attempt may have taken, on a
+// master whose answer it did not get, can live: the key was set to the
+// longer of the attempt's TTL and the displaced key's PTTL, which the
+// attempt did not see; the longest PTTL this Locker has seen on another
+// holder's key stands in for it.
+func (l *Locker) keptFor() time.Duration {
+	d := max(l.o.ttl, time.Duration(l.longest.Load())*time.Millisecond)
+	return d + l.o.driftOver(d)
 }
 
 // releaseExtra deletes the attempt's keys of the other slots that gs
@@ -826,7 +895,7 @@ func (l *Locker) releaseExtra(ctx context.Context, e *Lease, gs []grant) {
 	if len(gs) == 0 {
 		return
 	}
-	calls, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.ttl/2)
+	calls, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.callTO)
 	ms := make([]*master, len(gs))
 	for i, g := range gs {
 		ms[i] = g.m

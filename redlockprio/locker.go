@@ -44,6 +44,10 @@ type master struct {
 	deadlines bool
 
 	renewScript atomic.Int32 // scriptUnknown, scriptLoading or scriptLoaded
+
+	// verified says the master is known to be a server of its own (see
+	// Locker.verify): only then do its grants count.
+	verified atomic.Bool
 }
 
 // Locker is a [locks.Locker] over N independent Redis masters: a lease is
@@ -63,6 +67,18 @@ type Locker struct {
 	inbox   string // channel on which thieves notify this Locker's victims
 	nonce   string // holder ids start with it (see holderID)
 	leases  atomic.Uint64
+	callTO  time.Duration // per-master call timeout
+	// dup is set once two masters are found to be the same server: every
+	// later acquisition fails with it.
+	dup         atomic.Pointer[error]
+	identOnce   sync.Once
+	identDone   chan struct{} // closed once the first identification is over
+	identQuorum chan struct{} // closed once a quorum of masters is verified
+	identGrace  time.Duration // set before identQuorum is closed
+	// longest is the longest PTTL, in ms, this Locker has seen on a key of
+	// another holder: how long a key it may have taken without hearing of
+	// it can live (see keptFor).
+	longest atomic.Int64
 
 	mu      sync.Mutex
 	closing bool // no new acquisitions
@@ -99,9 +115,12 @@ var _ locks.Locker = (*Locker)(nil)
 // New returns a Locker over masters, each an independent Redis master
 // (a *redis.Client, or a *redis.ClusterClient: every key of a name shares
 // the hash tag {name}). N = len(masters) must be at least 1; the quorum
-// is N/2+1. A nil, repeated or missing master, or an invalid option,
+// is N/2+1. A nil, repeated or missing master, two masters without
+// [WithTwoMasters] (they tolerate no failure), or an invalid option,
 // returns an error matching [locks.ErrInvalidOption] before any I/O; New
-// itself does no I/O.
+// itself does no I/O. Two clients of one server (the same address twice,
+// or two names of one host) are found on first contact instead: see
+// [Locker.Lock].
 //
 // So that a hung master (paused, partitioned) cannot hold a call past its
 // context, give each client ContextTimeoutEnabled: true; otherwise the
@@ -127,8 +146,17 @@ func New(masters []redis.UniversalClient, opts ...Option) (*Locker, error) {
 	if err := locks.Apply(&o, opts); err != nil {
 		return nil, fmt.Errorf("redlockprio: %w", err)
 	}
+	if len(ms) == 2 && !o.twoMasters {
+		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("two masters tolerate no failure (their quorum is both): use 1, 3 or more, or WithTwoMasters"))
+	}
 	if d := o.driftFor(); d >= o.ttl/2 {
 		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("drift allowance %v leaves too little of the TTL %v", d, o.ttl))
+	}
+	callTO := o.callTimeoutFor()
+	if most := (o.ttl - o.driftFor()) / 2; most < minCallTimeout {
+		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("TTL %v is too short: a step would have %v per master call ((TTL − drift)/2), under %v", o.ttl, most, minCallTimeout))
+	} else if callTO > most || callTO < minCallTimeout {
+		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("call timeout %v must be in [%v, (TTL − drift)/2 = %v]", callTO, minCallTimeout, most))
 	}
 	// See WithRenewInterval for why a third of the validity.
 	maxRenew := (o.ttl - o.driftFor()) / 3
@@ -146,6 +174,7 @@ func New(masters []redis.UniversalClient, opts ...Option) (*Locker, error) {
 		masters:  ms,
 		quorum:   len(ms)/2 + 1,
 		o:        o,
+		callTO:   callTO,
 		drift:    o.driftFor(),
 		id:       id,
 		done:     make(chan struct{}),
@@ -521,6 +550,10 @@ func (l *Locker) fanout(ctx context.Context, ms []*master, step func(ctx context
 		}
 		got = append(got, r)
 	}
+	var callsDone <-chan struct{} // the calls' deadline: stop waiting then too
+	if f.calls != nil {
+		callsDone = f.calls.Done()
+	}
 	decided := false
 	for !decided && len(got) < started {
 		select {
@@ -529,6 +562,7 @@ func (l *Locker) fanout(ctx context.Context, ms []*master, step func(ctx context
 			decided = f.enough != nil && f.enough(got)
 			continue
 		case <-ctx.Done():
+		case <-callsDone:
 		}
 		break
 	}
@@ -549,6 +583,9 @@ func (l *Locker) fanout(ctx context.Context, ms []*master, step func(ctx context
 	for _, m := range ms {
 		if !slices.ContainsFunc(got, func(r result) bool { return r.m == m }) {
 			err := ctx.Err()
+			if err == nil && f.calls != nil {
+				err = f.calls.Err()
+			}
 			if started < len(ms) && err == nil {
 				err = locks.ErrClosed
 			}

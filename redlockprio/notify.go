@@ -207,12 +207,16 @@ func (l *Locker) inboxMessage(payload string) {
 
 // notice handles a thief's notice: the lease (or attempt) with holder id
 // vid ends with ErrPreempted at once, and the thief gets its
-// acknowledgement once the lease can no longer be in use — at once,
-// unless the lease is itself a thief still waiting for its own victim
-// (the chain of thieves), in which case the acknowledgement waits for
-// that. A failed attempt that may have kept another holder's key (see
-// kept) gets no acknowledgement: that holder may still run, so the thief
-// must wait the key out.
+// acknowledgement once the lease can no longer be in use: when its
+// holder has let go of it (Release, or Close), or its validity has run
+// out, whichever comes first (at once with WithImmediateAck); an attempt
+// never handed out, when it has been given up. When the lease is itself
+// a thief still waiting for its own victim (the chain of thieves), the
+// acknowledgement waits for that too. An unknown id (an attempt that
+// failed, knowing it took nothing from anyone it did not tell) is
+// acknowledged at once. A failed attempt that may have kept another
+// holder's key (see kept) gets no acknowledgement: that holder may still
+// run, so the thief must wait the key out.
 func (l *Locker) notice(vid, reply, thief string) {
 	l.mu.Lock()
 	e := l.entries[vid]
@@ -223,6 +227,7 @@ func (l *Locker) notice(vid, reply, thief string) {
 	var (
 		base    *locks.BaseLease
 		settled chan struct{}
+		letGo   chan struct{}
 		cause   error
 	)
 	if e != nil {
@@ -230,7 +235,7 @@ func (l *Locker) notice(vid, reply, thief string) {
 		if e.robbed == nil {
 			e.robbed = cause
 		}
-		base, settled = e.base, e.settled
+		base, settled, letGo = e.base, e.settled, e.letGo
 	}
 	l.mu.Unlock()
 	if base != nil {
@@ -244,15 +249,30 @@ func (l *Locker) notice(vid, reply, thief string) {
 				return
 			}
 		}
+		if base != nil && !l.o.immediate {
+			// The holder's code may still be at work: wait for it to let
+			// go, at most until its validity ends (it can no longer
+			// renew: the thief holds the keys).
+			t := time.NewTimer(time.Until(base.Deadline()))
+			select {
+			case <-letGo:
+			case <-t.C:
+			case <-l.done:
+				t.Stop()
+				return
+			}
+			t.Stop()
+		}
 		l.publish(reply, "A|"+vid)
 	})
 }
 
 // rememberKept records that the failed attempt id may have kept keys it
-// took from other holders, for as long as such a key can live (a TTL:
+// took from other holders, for as long as such a key can live (keptFor:
 // the key expires when its victim's lease would have).
 func (l *Locker) rememberKept(id string) {
 	now := time.Now()
+	d := l.keptFor()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for k, until := range l.kept {
@@ -260,7 +280,7 @@ func (l *Locker) rememberKept(id string) {
 			delete(l.kept, k)
 		}
 	}
-	l.kept[id] = now.Add(l.o.ttl)
+	l.kept[id] = now.Add(d)
 }
 
 // publish sends payload on channel through every master, in the

@@ -20,7 +20,10 @@ type options struct {
 	backoff     locks.Backoff
 	holderID    string
 	prefix      string
-	unsafeSteal float64 // < 0: disabled (the safe default)
+	unsafeSteal float64       // < 0: disabled (the safe default)
+	callTimeout time.Duration // 0: the default (see callTimeoutFor)
+	immediate   bool          // acknowledge a theft when the lease's context ends
+	twoMasters  bool          // N = 2 allowed
 }
 
 func defaults() options {
@@ -34,8 +37,36 @@ func defaults() options {
 }
 
 // driftFor is the clock drift allowance for a lease of the options' TTL.
-func (o *options) driftFor() time.Duration {
-	return time.Duration(float64(o.ttl)*o.drift) + driftConstant
+func (o *options) driftFor() time.Duration { return o.driftOver(o.ttl) }
+
+// driftOver is the clock drift allowance for a wait of d: d·driftFactor
+// plus driftConstant.
+func (o *options) driftOver(d time.Duration) time.Duration {
+	return time.Duration(float64(d)*o.drift) + driftConstant
+}
+
+// minCallTimeout is the shortest per-master call timeout: no round trip
+// to a master, even a local one, can be promised in less. A TTL that
+// leaves less than this per call ((TTL − drift)/2) is refused.
+const minCallTimeout = 5 * time.Millisecond
+
+// The default per-master call timeout is TTL/10, but at least
+// minDefaultCallTimeout (a new connection's dial and TLS handshake) as
+// long as that is within (TTL − drift)/2, and at most
+// maxDefaultCallTimeout.
+const (
+	minDefaultCallTimeout = 200 * time.Millisecond
+	maxDefaultCallTimeout = time.Second
+)
+
+// callTimeoutFor is the per-master call timeout: the option's, or the
+// default (see minDefaultCallTimeout).
+func (o *options) callTimeoutFor() time.Duration {
+	if o.callTimeout > 0 {
+		return o.callTimeout
+	}
+	floor := min(minDefaultCallTimeout, (o.ttl-o.driftFor())/2)
+	return min(max(o.ttl/10, floor), maxDefaultCallTimeout)
 }
 
 // Option configures a [Locker]; see [New].
@@ -148,6 +179,51 @@ func WithUnsafeStolenConsistencyFactor(f float64) Option {
 		if !(f >= 0 && f <= 1) {
 			return locks.InvalidOption("stolen consistency factor must be in [0, 1], got %v", f)
 		}
+		return nil
+	}
+}
+
+// WithCallTimeout sets how long a step waits for one master's answer:
+// a master that has not answered by then (paused, partitioned, slow)
+// counts as failed for that step, which is then decided by the others,
+// so that a hung minority delays a step by at most this much. It must be
+// at most (TTL − drift)/2, so that a step that waits that long still
+// leaves the lease half its validity ([New] checks it), and at least
+// 5ms. The default is TTL/10, but at least 200ms (or (TTL − drift)/2 if
+// that is less: room for a new connection's dial and TLS handshake) and
+// at most 1s: 1s for the default TTL of 10s, 200ms for TTLs from 400ms
+// to 2s. A TTL that leaves less than 5ms per call (under about 12ms) is
+// refused.
+func WithCallTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		o.callTimeout = d
+		return locks.Positive("call timeout", d)
+	}
+}
+
+// WithImmediateAck makes the Locker's leases acknowledge a theft as soon
+// as their context ends with [locks.ErrPreempted], rather than when the
+// lease's holder lets go of it (calls Release, or [locks.Do] returns) or
+// its validity runs out. It is UNSAFE unless every holder stops using a
+// lease the moment its context ends: work that is under way and cannot
+// be interrupted (a write already sent, a step that does not check its
+// context) then overlaps the thief's. Fencing tokens still let a
+// resource refuse the stale holder's writes: the thief's token is
+// greater. The default is off: the acknowledgement waits for Release.
+func WithImmediateAck() Option {
+	return func(o *options) error {
+		o.immediate = true
+		return nil
+	}
+}
+
+// WithTwoMasters allows [New] to take two masters. Their quorum is both
+// (2/2+1 = 2), so two masters tolerate no failure at all, no more than
+// one, and cost twice the round trips: [New] refuses them without this
+// option. The default is to refuse two masters.
+func WithTwoMasters() Option {
+	return func(o *options) error {
+		o.twoMasters = true
 		return nil
 	}
 }

@@ -83,12 +83,59 @@ func TestNewRejectsRenewIntervalTooLong(t *testing.T) {
 	for _, opts := range [][]redlockprio.Option{
 		{redlockprio.WithTTL(ttl), redlockprio.WithRenewInterval(limit)},
 		{redlockprio.WithTTL(ttl)}, // the default interval
-		{redlockprio.WithTTL(5 * time.Millisecond)},
+		{redlockprio.WithTTL(20 * time.Millisecond)},
 		{},
 	} {
 		l, err := redlockprio.New(ms, opts...)
 		if err != nil {
 			t.Errorf("valid options: %v", err)
+			continue
+		}
+		_ = l.Close()
+	}
+}
+
+// TestNewRefusesTwoMastersAndShortTTL: two masters tolerate no failure,
+// so New refuses them without WithTwoMasters; a TTL too short for a
+// step's per-master calls ((TTL − drift)/2 under 5ms), and a call
+// timeout outside [5ms, (TTL − drift)/2], are refused too; all before
+// any I/O (the masters are offline).
+func TestNewRefusesTwoMastersAndShortTTL(t *testing.T) {
+	one := []redis.UniversalClient{offline(t)}
+	two := []redis.UniversalClient{offline(t), offline(t)}
+	for _, c := range []struct {
+		what string
+		ms   []redis.UniversalClient
+		opts []redlockprio.Option
+	}{
+		{"two masters", two, nil},
+		{"TTL 5ms", one, []redlockprio.Option{redlockprio.WithTTL(5 * time.Millisecond)}},
+		{"TTL 10ms", one, []redlockprio.Option{redlockprio.WithTTL(10 * time.Millisecond)}},
+		{"call timeout over (TTL − drift)/2", one, []redlockprio.Option{redlockprio.WithTTL(time.Second), redlockprio.WithCallTimeout(500 * time.Millisecond)}},
+		{"call timeout under 5ms", one, []redlockprio.Option{redlockprio.WithCallTimeout(time.Millisecond)}},
+		{"call timeout 0", one, []redlockprio.Option{redlockprio.WithCallTimeout(0)}},
+	} {
+		if l, err := redlockprio.New(c.ms, c.opts...); !errors.Is(err, locks.ErrInvalidOption) {
+			if err == nil {
+				_ = l.Close()
+			}
+			t.Errorf("%s: New = %v, want ErrInvalidOption", c.what, err)
+		} else {
+			t.Logf("%s: %v", c.what, err)
+		}
+	}
+	for _, c := range []struct {
+		what string
+		ms   []redis.UniversalClient
+		opts []redlockprio.Option
+	}{
+		{"two masters with WithTwoMasters", two, []redlockprio.Option{redlockprio.WithTwoMasters()}},
+		{"TTL 20ms", one, []redlockprio.Option{redlockprio.WithTTL(20 * time.Millisecond)}},
+		{"call timeout (TTL − drift)/2", one, []redlockprio.Option{redlockprio.WithTTL(time.Second), redlockprio.WithCallTimeout(489 * time.Millisecond)}},
+	} {
+		l, err := redlockprio.New(c.ms, c.opts...)
+		if err != nil {
+			t.Errorf("%s: New = %v, want it accepted", c.what, err)
 			continue
 		}
 		_ = l.Close()

@@ -303,13 +303,14 @@ func (h *raiseHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 }
 
 // lockerWith makes a Locker over three clients: master 0 direct, master
-// 1 with hook, master 2 through px (which the caller may cut).
+// 1 with hook, master 2 through px (which the caller may cut). Its call
+// timeout, 250ms, leaves room for the hooks' delays.
 func lockerWith(t testing.TB, addrs []string, hook redis.Hook, px *testenv.Proxy) *redlockprio.Locker {
 	t.Helper()
 	rcs := []*redis.Client{newRedis(addrs[0]), newRedis(addrs[1]), newRedis(px.Addr())}
 	rcs[1].AddHook(hook)
 	l, err := redlockprio.New([]redis.UniversalClient{rcs[0], rcs[1], rcs[2]},
-		redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew))
+		redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew), redlockprio.WithCallTimeout(250*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,6 +117,9 @@ func (l *Locker) renewBatch(batch []*Lease, tokens []uint64) {
 	// reloads the script, say) renews its keys all the same.
 	calls, callsDone := context.WithDeadline(context.Background(), limit)
 	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
+		if err := l.verify(ctx, m); err != nil {
+			return nil, err // its answers do not count until it is
+		}
 		return renewPipeline(ctx, m, batch, tokens, ttlMS)
 	}, fan{enough: allRenewed, calls: calls, done: callsDone})
 	deadline := l.deadlineFor(start)

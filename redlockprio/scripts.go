@@ -20,7 +20,11 @@ import (
 // ARGV: id, ttl ms, priority, inbox, fence floor, first slot to try (from 0).
 //
 // It takes the first free slot trying from the given one; failing that,
-// the slot of the lowest priority below the caller's (stealing it). On a
+// the slot of the lowest priority below the caller's (stealing it). A
+// stolen slot's key expires after the caller's TTL or the displaced
+// key's PTTL, whichever is longer: the key never expires before the
+// validity of any holder displaced from it has run out, whatever their
+// TTLs (a chain of thieves with mixed TTLs). On a
 // grant it raises the counter to at least the floor, increments it and
 // returns {1, slot, counter} for a free slot, or {2, slot, counter,
 // victim id, victim priority, victim pttl, victim inbox} for a theft.
@@ -59,7 +63,9 @@ if victim > 0 then
   local pttl = redis.call('PTTL', k)
   redis.call('DEL', k)
   redis.call('HSET', k, 'id', id, 'p', prio, 'ch', inbox, 'from', old[1])
-  redis.call('PEXPIRE', k, ttl)
+  local exp = tonumber(ttl)
+  if pttl > exp then exp = pttl end
+  redis.call('PEXPIRE', k, exp)
   return {2, victim - 1, fence(), old[1], vprio, pttl, old[3] or ''}
 end
 local holder, minp = '', -1
@@ -77,9 +83,10 @@ return {0, 0, tonumber(redis.call('GET', KEYS[1]) or '0'), holder, minp}
 //
 // KEYS[1] is the slot key, KEYS[2] the fence counter. ARGV: id, ttl ms,
 // token. It first raises the counter to the lease's token (so that the
-// token reaches every master it can), then returns 1 when the key was
-// extended, -1 when a higher priority took it from this id, 0 when it is
-// gone or someone else's.
+// token reaches every master it can), then returns 1 when the key is the
+// caller's (it extends it to the TTL, never shortens it: a thief's key
+// keeps the longer PTTL of the key it displaced), -1 when a higher
+// priority took it from this id, 0 when it is gone or someone else's.
 var renewScript = redis.NewScript(renewSource)
 
 const renewSource = `
@@ -87,7 +94,7 @@ local tok = tonumber(ARGV[3])
 if tonumber(redis.call('GET', KEYS[2]) or '0') < tok then redis.call('SET', KEYS[2], tok) end
 local h = redis.call('HMGET', KEYS[1], 'id', 'from')
 if h[1] == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
   return 1
 end
 if h[2] == ARGV[1] then return -1 end
@@ -130,4 +137,16 @@ local c = tonumber(redis.call('GET', KEYS[1]) or '0')
 local tok = tonumber(ARGV[1])
 if c < tok then redis.call('SET', KEYS[1], tok); c = tok end
 return c
+`)
+
+// identScript tells whether this server already answered to another of
+// the Locker's masters: KEYS[1] is the Locker's own identity key, ARGV
+// the master's index and the key's lifetime in ms. It returns the index
+// of the first master that reached this server: a different index means
+// two masters are the same server (or the same cluster node).
+var identScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then return tonumber(v) end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return tonumber(ARGV[1])
 `)
