@@ -23,3 +23,9 @@ func killGroupOnCancel(cmd *exec.Cmd) {
 		return err
 	}
 }
+
+// ownProcessGroup runs cmd in a process group of its own.
+func ownProcessGroup(cmd *exec.Cmd) error {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return nil
+}

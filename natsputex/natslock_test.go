@@ -113,7 +113,7 @@ func requireNanoDate(t *testing.T) {
 }
 
 // startNatslock starts natslock on key as node name, with more flags if
-// given.
+// given; commands given in flags find the service file in $STATE.
 func startNatslock(t *testing.T, bin, url, bucket, key, name string, flags ...string) *lockProc {
 	t.Helper()
 	dir := t.TempDir()
@@ -125,6 +125,7 @@ func startNatslock(t *testing.T, bin, url, bucket, key, name string, flags ...st
 		"-stop", fmt.Sprintf(`echo "stop $(date +%%s%%N)" >> '%s'`, p.state),
 	}, flags...)
 	p.cmd = exec.Command(bin, append(args, url, bucket, key, name)...)
+	p.cmd.Env = append(os.Environ(), "STATE="+p.state) // for commands given in flags
 	p.cmd.Stdout, p.cmd.Stderr = p, p
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -265,8 +266,8 @@ func TestNatslockBadInput(t *testing.T) {
 	} {
 		out, err := exec.Command(bin, tc.args...).CombinedOutput()
 		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != 2 {
-			t.Errorf("natslock %q: %v, want exit status 2\n%s", tc.args, err, out)
+		if !errors.As(err, &exit) || exit.ExitCode() != 64 {
+			t.Errorf("natslock %q: %v, want exit status 64\n%s", tc.args, err, out)
 			continue
 		}
 		if !strings.Contains(string(out), tc.want) {

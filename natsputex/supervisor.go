@@ -71,6 +71,11 @@ func (e Event) String() string {
 	return b.String()
 }
 
+// ErrStopFailed is the error, checked with [errors.Is], of a
+// [Service.Stop] that failed or did not return within T + C·R: the
+// service may still run.
+var ErrStopFailed = errors.New("natsputex: stopping the service failed")
+
 // Service is what a [Supervisor] drives. Every field may be nil.
 type Service struct {
 	// Start unfences this node, fences the others and starts the service.
@@ -701,9 +706,9 @@ func (s *Supervisor) stopService(ctx context.Context, force bool) error {
 	if err != nil {
 		s.up = true
 		if ctx.Err() != nil {
-			return fmt.Errorf("stopping the service: not done within T + C·R = %v: %w", budget, err)
+			return fmt.Errorf("%w: not done within T + C·R = %v: %w", ErrStopFailed, budget, err)
 		}
-		return fmt.Errorf("stopping the service: %w", err)
+		return fmt.Errorf("%w: %w", ErrStopFailed, err)
 	}
 	s.up = false
 	return nil

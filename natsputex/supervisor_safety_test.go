@@ -2,6 +2,7 @@ package natsputex_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -130,7 +131,7 @@ func TestSupervisorDuplicateToken(t *testing.T) {
 func TestSupervisorStopBudget(t *testing.T) {
 	const C = 6
 	stopped := func(e natsputex.Event) bool {
-		return strings.Contains(e.Msg, "service stopped") && e.Err != nil && strings.Contains(e.Err.Error(), "stopping the service")
+		return strings.Contains(e.Msg, "service stopped") && errors.Is(e.Err, natsputex.ErrStopFailed)
 	}
 	t.Run("SlowStop", func(t *testing.T) {
 		url, bucket, key := supervisorEnv(t)

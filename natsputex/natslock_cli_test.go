@@ -1,0 +1,238 @@
+package natsputex_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
+	"github.com/latchkey-go/latchkey/natsputex"
+)
+
+// TestNatslockCLI: --help prints the usage on standard output and exits
+// 0, and says that commands must return and what each exit code means;
+// --version prints the version on standard output; a usage error exits
+// 64 (not 2, which a SIGQUIT or a panic gives) with a message on
+// standard error that says what is wrong, before any connection.
+func TestNatslockCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs natslock")
+	}
+	bin := buildNatslock(t)
+	runIt := func(args ...string) (stdout, stderr string, code int) {
+		var o, e bytes.Buffer
+		cmd := exec.Command(bin, args...)
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		} else if err != nil {
+			t.Fatalf("natslock %q: %v", args, err)
+		}
+		return o.String(), e.String(), code
+	}
+
+	for _, help := range []string{"--help", "-h", "-help"} {
+		out, errOut, code := runIt(help)
+		if code != 0 || errOut != "" {
+			t.Errorf("natslock %s: exit %d, stderr %q; want 0 and nothing on stderr", help, code, errOut)
+		}
+		for _, want := range []string{"Usage:", "must return", "Exit codes:", "64", "NATSLOCK_TOKEN", "-reconnect-wait", "-max-reconnects", "-version"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("natslock %s: the usage on stdout does not say %q", help, want)
+			}
+		}
+	}
+	out, errOut, code := runIt("--version")
+	if code != 0 || errOut != "" || !strings.HasPrefix(out, "natslock ") {
+		t.Errorf("natslock --version: exit %d, stdout %q, stderr %q; want 0 and \"natslock <version>\" on stdout", code, out, errOut)
+	}
+
+	const url = "nats://127.0.0.1:1" // nothing listens: a natslock that connected would exit 1
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{url, "b", "k"}, "want 4 arguments"},
+		{[]string{url, "b", "k", "tok", "extra"}, "want 4 arguments"},
+		{[]string{"-nosuchflag", url, "b", "k", "tok"}, "nosuchflag"},
+		{[]string{"-r", "soon", url, "b", "k", "tok"}, "-r"},
+		{[]string{"-v", "-q", url, "b", "k", "tok"}, "-v and -q"},
+		{[]string{"-reconnect-wait", "0s", url, "b", "k", "tok"}, "-reconnect-wait"},
+		{[]string{"-max-reconnects", "-2", url, "b", "k", "tok"}, "-max-reconnects"},
+		{[]string{"-tlscert", "c.pem", url, "b", "k", "tok"}, "-tlskey"},
+	} {
+		out, errOut, code := runIt(tc.args...)
+		if code != 64 || out != "" {
+			t.Errorf("natslock %q: exit %d, stdout %q; want 64 and nothing on stdout", tc.args, code, out)
+		}
+		if !strings.Contains(errOut, tc.want) || !strings.Contains(errOut, "--help") {
+			t.Errorf("natslock %q said %q, want a message about %s and a pointer to --help", tc.args, errOut, tc.want)
+		}
+	}
+}
+
+// TestNatslockStartToken: the start command gets the fencing token, the
+// revision of the write that won the key, in $NATSLOCK_TOKEN and as $1.
+func TestNatslockStartToken(t *testing.T) {
+	bin, url, bucket := natslockEnv(t, "natslocktok")
+	const key = "spof-service"
+	writes := watchWrites(t, url, bucket, key)
+	tokFile := filepath.Join(t.TempDir(), "token")
+	p := startNatslock(t, bin, url, bucket, key, "node-a",
+		"-start", fmt.Sprintf(`echo "$NATSLOCK_TOKEN $1" > '%s'`, tokFile))
+	var got string
+	waitFor(t, 10*time.Second, "the start command runs", func() bool {
+		b, _ := os.ReadFile(tokFile)
+		got = strings.TrimSpace(string(b))
+		return got != ""
+	})
+	w, ok := writes.firstBy("node-a")
+	if !ok {
+		t.Fatal("no write of node-a seen")
+	}
+	if want := fmt.Sprintf("%d %d", w.rev, w.rev); got != want {
+		t.Errorf("the start command got $NATSLOCK_TOKEN $1 = %q, want %q (the revision of the write that won the key)", got, want)
+	}
+	_ = p
+}
+
+// TestNatslockKill9: a natslock killed with SIGKILL leaves no service
+// running: its reaper runs the stop command and kills what the start
+// command left in the background, at once, not T later.
+func TestNatslockKill9(t *testing.T) {
+	requireNanoDate(t)
+	bin, url, bucket := natslockEnv(t, "natslockkill")
+	const key = "spof-service"
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	p := startNatslock(t, bin, url, bucket, key, "node-a",
+		"-start", fmt.Sprintf(`echo "start $(date +%%s%%N)" >> "$STATE"; sh -c 'echo $$ > %s; exec sleep 60' > /dev/null 2>&1 &`, pidFile),
+		"-stop", `echo "stop $(date +%s%N)" >> "$STATE"`)
+	pid := 0
+	waitFor(t, 10*time.Second, "the service runs in the background", func() bool {
+		b, _ := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return pid > 0
+	})
+	gone := false
+	t.Cleanup(func() {
+		if !gone {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	stops := len(p.events(t))
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	<-p.done
+	waitFor(t, 3*time.Second, "the background service ends", func() bool { gone = processGone(pid); return gone })
+	t.Logf("the service's process had ended %v after natslock was killed", time.Since(killed).Round(time.Millisecond))
+	waitFor(t, 3*time.Second, "the stop command runs", func() bool { return len(p.events(t)) > stops && p.lastState() == "stop" })
+	if stop := p.last(t, "stop"); stop.at.Before(killed) {
+		t.Errorf("no stop command ran after natslock was killed")
+	}
+	if !strings.Contains(p.logs(), "natslock-reaper") {
+		t.Errorf("the reaper said nothing: %s", p.logs())
+	}
+}
+
+// TestNatslockSigtermDuringHealthCheck: a SIGTERM that arrives while a
+// health check runs (and kills it) is not logged as a failed check.
+func TestNatslockSigtermDuringHealthCheck(t *testing.T) {
+	bin, url, bucket := natslockEnv(t, "natslockterm")
+	const key = "spof-service"
+	running := filepath.Join(t.TempDir(), "running")
+	p := startNatslock(t, bin, url, bucket, key, "node-a", "-r", "1s",
+		"-healthcheck", fmt.Sprintf(`touch '%s'; sleep 0.6; rm -f '%s'`, running, running))
+	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return p.lastState() == "start" })
+	waitFor(t, 5*time.Second, "a health check runs", func() bool { _, err := os.Stat(running); return err == nil })
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("natslock did not exit after SIGTERM")
+	}
+	if l := p.logs(); strings.Contains(l, "health check failed") {
+		t.Errorf("a SIGTERM during a health check was logged as a failed check:\n%s", l)
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("exit code after SIGTERM: %d, want 0", code)
+	}
+	if p.lastState() != "stop" {
+		t.Errorf("the service's state after SIGTERM: %q, want stop", p.lastState())
+	}
+}
+
+// TestNatslockSlowStop: with R = 100ms, F = 3, C = 6 (T = 300ms, the stop
+// command has margin + C·R = 650ms), a stop command of 500ms after a
+// failed health check runs to its end, is not reported before it has,
+// and the standby starts only after it.
+func TestNatslockSlowStop(t *testing.T) {
+	requireNanoDate(t)
+	bin, url, bucket := natslockEnv(t, "natslockslow")
+	const key = "spof-service"
+	failFile := filepath.Join(t.TempDir(), "fail")
+	slow := []string{"-c", "6", "-stop", `sleep 0.5; echo "stop $(date +%s%N)" >> "$STATE"`}
+	a := startNatslock(t, bin, url, bucket, key, "node-a", append(slow,
+		"-healthcheck", fmt.Sprintf(`[ ! -e '%s' ] || [ "$1" = standby ]`, failFile))...)
+	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return a.lastState() == "start" })
+	b := startNatslock(t, bin, url, bucket, key, "node-b", slow...)
+	waitFor(t, 10*time.Second, "node-b is standby", func() bool { return strings.Contains(b.logs(), "standby: the key is held") })
+	if err := os.WriteFile(failFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "node-b starts its service", func() bool { return b.lastState() == "start" })
+	if a.lastState() != "stop" {
+		t.Errorf("node-a's stop command of 500ms did not finish (killed at T = 300ms?)")
+	}
+	checkNoOverlap(t, a, b)
+}
+
+// TestNatslockServerRestart: natslock reconnects after its server
+// restarts as often as -reconnect-wait says (50ms here, not nats.go's
+// 2s), so a sub-second restart does not stop the service: with R = 500ms
+// (T − margin = 1.25s), the active node renews again in time.
+func TestNatslockServerRestart(t *testing.T) {
+	requireNanoDate(t)
+	if testing.Short() {
+		t.Skip("builds and runs natslock")
+	}
+	bin := buildNatslock(t)
+	srv := natsenv.StartServer(t)
+	url := srv.URL()
+	bucket := uniqueBucket("natslockrestart")
+	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.FileStorage))
+	const key = "spof-service"
+	const R = 500 * time.Millisecond
+	p := startNatslock(t, bin, url, bucket, key, "node-a", "-r", R.String(), "-reconnect-wait", "50ms")
+	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return p.lastState() == "start" })
+	runs := len(p.events(t))
+	down := time.Now()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the server was down for %v", time.Since(down).Round(time.Millisecond))
+	took := waitFor(t, 5*time.Second, "natslock reconnects", func() bool { return strings.Contains(p.logs(), "reconnected to NATS") })
+	t.Logf("natslock reconnected %v after the server was back", took.Round(time.Millisecond))
+	time.Sleep(4 * R)
+	if evs := p.events(t); len(evs) != runs {
+		t.Errorf("the service was stopped or started across a sub-second restart: %v", evs[runs:])
+	}
+	select {
+	case <-p.done:
+		t.Fatalf("natslock exited: %v", p.cmd.ProcessState)
+	default:
+	}
+}
