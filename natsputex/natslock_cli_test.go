@@ -236,3 +236,59 @@ func TestNatslockServerRestart(t *testing.T) {
 	default:
 	}
 }
+
+// TestNatslockVerbosity: -v also logs each command with its duration;
+// -q logs only failures and changes of phase (a standby's "the key is
+// held" comes while it is standby already); by default natslock logs
+// every event of the Supervisor.
+func TestNatslockVerbosity(t *testing.T) {
+	bin, url, bucket := natslockEnv(t, "natslockverb")
+	const key = "spof-service"
+	a := startNatslock(t, bin, url, bucket, key, "node-a", "-v")
+	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return a.lastState() == "start" })
+	quiet := startNatslock(t, bin, url, bucket, key, "node-q", "-q")
+	normal := startNatslock(t, bin, url, bucket, key, "node-n")
+	waitFor(t, 10*time.Second, "the default node says who holds the key", func() bool { return strings.Contains(normal.logs(), "standby: the key is held") })
+	time.Sleep(3 * testR) // node-q has had as many strokes
+	for _, want := range []string{"health check (active) succeeded in", "start command (token ", "stop command succeeded in"} {
+		if !strings.Contains(a.logs(), want) {
+			t.Errorf("with -v, natslock does not log %q", want)
+		}
+	}
+	if strings.Contains(quiet.logs(), "standby: the key is held") || strings.Contains(quiet.logs(), "health check") {
+		t.Errorf("with -q, natslock logs a standby's routine events:\n%s", quiet.logs())
+	}
+	if strings.Contains(normal.logs(), "health check (") {
+		t.Errorf("by default, natslock logs each command:\n%s", normal.logs())
+	}
+}
+
+// TestNatslockStandbyCheckFails: a standby whose health check fails does
+// not take over a dead node's key, however long it waits; once its check
+// passes it does, within T + C·R and a few strokes.
+func TestNatslockStandbyCheckFails(t *testing.T) {
+	bin, url, bucket := natslockEnv(t, "natslockstandby")
+	const key = "spof-service"
+	failFile := filepath.Join(t.TempDir(), "fail")
+	if err := os.WriteFile(failFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := startNatslock(t, bin, url, bucket, key, "node-a")
+	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return a.lastState() == "start" })
+	b := startNatslock(t, bin, url, bucket, key, "node-b",
+		"-healthcheck", fmt.Sprintf(`[ "$1" = active ] || [ ! -e '%s' ]`, failFile))
+	waitFor(t, 10*time.Second, "node-b's check fails as a standby", func() bool { return strings.Contains(b.logs(), "health check failed") })
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-a.done
+	time.Sleep(3 * handoverBound)
+	if b.lastState() == "start" {
+		t.Fatalf("node-b took over while its standby health check failed")
+	}
+	if err := os.Remove(failFile); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, handoverBound+time.Second, "node-b takes over once its check passes", func() bool { return b.lastState() == "start" })
+	t.Logf("node-b started %v after its check passed", took.Round(time.Millisecond))
+}
