@@ -77,7 +77,11 @@ Commands:
   cut short (a health check past T, a start when natslock stops) is killed
   with every process it started.
   -healthcheck gets the node's state, active or standby, as $1 and in
-  $NATSLOCK_STATE.
+  $NATSLOCK_STATE. A node checks as active before it runs the start
+  command too (on a free key, and when its confirmations are done), so an
+  active check must fail only when the service cannot run here (a failed
+  unit), not because it is not running yet: the example's check passes
+  until systemd marks the unit failed.
   -start gets the fencing token (the revision of the write that won the
   key, greater for every later holder) as $1 and in $NATSLOCK_TOKEN: hand
   it to what the service writes to, and have that refuse a token lower
@@ -114,7 +118,7 @@ Exit codes:
 
 Example:
   natslock -r 1s -f 3 -c 1 \
-    -healthcheck 'systemctl is-active --quiet db.service || [ "$1" = standby ]' \
+    -healthcheck '! systemctl is-failed --quiet db.service' \
     -start 'systemctl start db.service' -stop 'systemctl stop db.service' \
     nats://nats.cluster.local:4222 locks spof-service "$(hostname)"
 
