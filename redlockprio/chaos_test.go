@@ -120,6 +120,9 @@ func (h *chaosHarness) BrokerFaults() []contracttest.BrokerFault {
 			cut.Cut()
 			return func() error { cut.Restore(); return nil }, nil
 		},
+		// A restored front proxy listens again: its accept loop lives
+		// until the test ends (the front proxies are the test's).
+		Goroutines: []string{"github.com/latchkey-go/latchkey/contracttest/testenv."},
 	}, {
 		Kind: "master-restarted-empty",
 		Inject: func(_ context.Context, rng *rand.Rand) (func() error, error) {

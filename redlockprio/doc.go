@@ -2,13 +2,23 @@
 // with fencing tokens, automatic batch renewal, priorities and lock theft,
 // on github.com/redis/go-redis/v9.
 //
-// [New] takes one go-redis client per master (N ≥ 1; each may be a
+// [New] takes one go-redis client per master (N ≥ 1, N = 2 only with
+// [WithTwoMasters], since two masters tolerate no failure; each may be a
 // *redis.Client or a *redis.ClusterClient) and returns a [Locker], which
 // implements [locks.Locker]; [Locker.Semaphore] returns a [Semaphore]
 // ([locks.Semaphore]) whose leases implement [locks.SlotLease]. Leases are
 // [*Lease] values. Invalid names (empty, not UTF-8, control characters,
 // '{' or '}', over 1024 bytes) give [locks.ErrInvalidName] and invalid
-// options [locks.ErrInvalidOption], before any I/O.
+// options [locks.ErrInvalidOption], before any I/O; so does a TTL too
+// short for a step's calls ((TTL − drift)/2 under 5ms, a TTL under about
+// 12ms). Two masters that are one server (the same address twice,
+// 127.0.0.1 and localhost) are found on first contact: each master
+// writes its index to a key of the Locker's own unless another master's
+// index is there already, atomically, so two clients of one server (or
+// of one cluster node) see each other's. Every acquisition then fails
+// with an error matching [locks.ErrInvalidOption] naming both; until a
+// master is so verified, its answers do not count. (A server that
+// restarts empty between the two masters' first contacts is not caught.)
 //
 // # What it promises
 //
@@ -18,11 +28,22 @@
 // renewed it and drift = TTL·driftFactor + 2ms ([WithDriftFactor]). Each
 // step on a master is one Lua script, run by SHA (EVALSHA, falling back to
 // EVAL on NOSCRIPT; a renewal tick's pipeline answered NOSCRIPT loads the
-// script and is sent again once); requests to the masters go out in parallel, and a
-// step returns as soon as its outcome is decided (a quorum granted, or
-// released, or so many refused that no quorum can grant; a semaphore's
-// acquisition waits for every master, as they may pick different slots):
-// the other masters' calls finish in the background, and at
+// script and is sent again once); requests to the masters go out in
+// parallel, and a step returns as soon as its outcome is decided: a
+// quorum granted (or released); or a quorum answered and so few granted
+// that the masters yet to answer cannot make a quorum (the name is held:
+// [locks.HeldError], naming the holder); or more than N − quorum failed,
+// so that fewer than a quorum can answer at all ([*QuorumError]).
+// Failures and "held" answers are never added up: with a dead or
+// refusing minority a held name reads as held, TryLock returns
+// ErrNotAcquired and Lock waits (TestRefusingMinorityIsContention). A
+// master that has not answered within the per-master call timeout
+// ([WithCallTimeout]; by default TTL/10, at least 200ms, at most 1s)
+// counts as failed for that step, so a paused or hung minority delays a
+// step by that much at most, and only when the live masters split
+// (TestPausedMinorityUnderContention). A semaphore's acquisition waits
+// for every master (up to that timeout), as they may pick different
+// slots. The other masters' calls finish in the background, and at
 // each master the Locker's calls about a name are made in the order it
 // issued them (a lease's release never overtakes its acquire there, nor
 // the next acquire its release). An attempt
@@ -101,13 +122,48 @@
 // pub/sub connection per master per Locker carries every inbox and release
 // channel) naming its own inbox as the reply channel. The victim's lease
 // context ends at once with [locks.ErrPreempted] (also matching
-// [locks.ErrLost]) and it acknowledges. The thief's Lock returns when the
+// [locks.ErrLost]), and it acknowledges once its holder has let go
+// (below). The thief's Lock returns when the
 // victim has acknowledged or when the victim's validity has provably run
 // out — the largest PTTL the victim's keys had when displaced, plus the
-// drift allowance, counted from when the answers arrived — whichever comes
-// first. So a theft never breaks mutual exclusion, even when the victim is
-// unreachable (TestTheftFromUnreachableVictimWaitsOutItsValidity); the
-// thief keeps renewing its keys while it waits.
+// drift allowance over that time, counted from when the answers arrived —
+// whichever comes first. So a theft never breaks mutual exclusion, even
+// when the victim is unreachable
+// (TestTheftFromUnreachableVictimWaitsOutItsValidity); the thief keeps
+// renewing its keys while it waits.
+//
+// Leases of different TTLs and drift factors may share a name. A
+// thief's key expires after its own TTL or the displaced key's PTTL,
+// whichever is longer, and a renewal extends a key to the TTL only when
+// that is longer than what it has left, never shorter. So a name's keys
+// never expire before the validity of every holder displaced from them
+// has run out, and the PTTL a thief reads bounds the validity of every
+// earlier victim in the chain, not only its direct one's
+// (TestChainOfThievesMixedTTLs: a 3s victim, a 600ms thief waiting for
+// it, and a higher 600ms thief, or a priority-0 Lock after the waiting
+// thief's Locker closed, get the name only after the first victim's
+// deadline). The drift allowance of a wait is the waiter's drift factor
+// times the wait, plus 2ms (at least its own TTL's allowance), so a long
+// wait gets a long allowance whatever the waiter's TTL.
+//
+// The acknowledgement means the victim's code has let go: it is sent
+// when the victim calls [Lease.Release] (which [locks.Do] does when its
+// function returns), when its Locker closes, or when its validity runs
+// out, whichever comes first — not when its context ends, since work
+// under way (a write already sent, a step that does not check its
+// context) may still run then (TestAcknowledgementWaitsForRelease). A
+// victim whose holder never calls Release thus costs the thief its
+// remaining validity, as an unreachable one does. [WithImmediateAck]
+// restores the acknowledgement on the context's end, for holders that
+// stop the moment it ends; it is unsafe otherwise, and mutual exclusion
+// then rests on fencing tokens: the thief's token is greater than the
+// victim's, so a resource that checks tokens refuses the victim's late
+// writes once it has seen the thief's.
+//
+// An attempt that never held the name — it failed, and knows from every
+// master's answer that it took nothing from a holder it did not tell —
+// acknowledges a notice about its leftover keys at once, so a higher
+// priority does not wait for it (TestFailedAttemptDoesNotStallThief).
 //
 // An attempt may displace holders and still not use the keys: it failed
 // to win a quorum (thieves splitting the vote), it was robbed before it
@@ -122,14 +178,27 @@
 // validity (TestCloseKeepsWaitingThiefKeys). An attempt whose context
 // ended before the answers came cannot know whom it displaced: it keeps
 // every key it took from another holder, to expire when that holder's
-// lease would have, and for a TTL it does not acknowledge a later
-// thief's notice about them, so that thief waits them out
-// (TestTimedOutTheftKeepsVictimsName).
+// lease would have, and it does not acknowledge a later thief's notice
+// about them — for its TTL or the longest PTTL it has seen on another
+// holder's key, whichever is longer, plus the drift allowance — so that
+// thief waits them out (TestTimedOutTheftKeepsVictimsName). (A holder
+// whose TTL is longer than any this Locker has seen, displaced by an
+// answer that was lost, is the one case this bound does not cover: the
+// thief that displaces that key again still reads its PTTL, and waits
+// it out unless acknowledged earlier.)
 //
 // Chain of thieves: an attempt or lease that is robbed while it is still
 // waiting for its own victim ends at once but delays its acknowledgement
-// until its own victim has acknowledged or run out, so that the highest
-// thief never proceeds while the first victim may still run.
+// until its own victim has acknowledged or run out, and the keys it
+// leaves carry the first victim's PTTL (above), so that the highest
+// thief never proceeds while the first victim may still run, whatever
+// the links' TTLs.
+//
+// TryLock by a higher priority than the holder's takes the name and, like
+// Lock, returns only once the displaced holder has acknowledged or its
+// validity has run out (at most its remaining PTTL plus the drift
+// allowance, or until ctx ends): the one case where TryLock waits. It
+// does not wait for a holder of equal or higher priority.
 //
 // # Waiting
 //
@@ -158,10 +227,22 @@
 //     wait for the acknowledgement or the victim's provable end of
 //     validity; the factor survives only as the explicit opt-in
 //     [WithUnsafeStolenConsistencyFactor], documented as unsafe.
+//   - Its edge case 1 (the thief crashes before the confirmation) lets the
+//     victim "hum along as if nothing happened". Here it does not: the
+//     victim's lease ends with ErrPreempted when the notice arrives, or at
+//     its next renewal at the latest, which finds its keys taken (or
+//     gone) on a quorum; the thief's keys, which outlast the victim's
+//     validity, then expire and the name is free. Letting the victim run
+//     on would need its renewals to take the keys back from a thief that
+//     may be alive and merely slow, which could leave two holders; ending
+//     it costs the victim its lease, never exclusion.
 //   - Its edge case 3 (victim notified but silent) deadlocks both until the
 //     thief's TTL; here the thief waits at most the victim's remaining
 //     validity, and the victim's own lease ends by then anyway because it
 //     can no longer renew a quorum (the thief holds it).
+//   - Its confirmation is the victim's acknowledgement; ours is sent when
+//     the victim's code lets go (Release), not when it is told, unless
+//     [WithImmediateAck].
 //   - Its chain-of-thieves probability argument and the planned auto-tuning
 //     of the wait are not needed: the chain is bounded by each victim's
 //     remaining validity, at most one TTL per link.
@@ -175,8 +256,9 @@
 //
 // The Locker never closes the clients it is given. Give them
 // ContextTimeoutEnabled: true so that a hung master cannot hold a call
-// beyond the step's deadline; without it, the Locker still stops waiting
-// at the deadline, and the client's read timeout ends the call. With one
+// beyond the call timeout ([WithCallTimeout]); without it, the Locker
+// still stops waiting at the call timeout, and the client's read timeout
+// ends the call. With one
 // master whose client has ContextTimeoutEnabled, calls run on the calling
 // goroutine (its answer is the outcome: there is nothing to wait for in
 // parallel): a context's deadline still ends them, but a plain

@@ -801,6 +801,12 @@ func (a *lateAnswers) check(r result, token uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), a.l.callTO)
 	defer cancel()
 	switch {
+	case token == 0 && err == nil && g.status == 2:
+		// A theft answered too late: the key is left to expire, after
+		// its victim's validity (it keeps the longer PTTL), and for as
+		// long no later thief's notice about it is acknowledged, since
+		// that victim was never told.
+		a.l.rememberKeptFor(a.e.id, g.pttl+a.l.o.driftOver(g.pttl))
 	case token == 0 && err == nil && g.status == 1:
 		_, _ = runScript(ctx, releaseScript, r.m.c, []string{a.l.key(a.e.name, g.slot), a.e.fence}, a.e.id, 0, "")
 	case token == 0 && err != nil && !isClosed(err):

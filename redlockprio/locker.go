@@ -259,12 +259,15 @@ func (l *Locker) ID() string { return l.id }
 // holder publishes, and polls with jitter ([WithBackoff]) no later than
 // when the holder's keys expire. When the Locker has a higher priority
 // than the holder ([WithPriority]), it takes the name, tells the holder,
-// and returns once the holder has acknowledged or its validity has
-// provably run out.
+// and returns once the holder has let go (its Release; see the package
+// doc) or its validity has provably run out.
 //
-// When fewer than a quorum of masters answer, Lock fails at once with a
-// [*QuorumError]. When ctx ends first, Lock returns an error matching
-// ctx.Err() and holds nothing.
+// A held name is waited for also while a minority of the masters is
+// down or hung. Only when fewer than a quorum of masters answer does
+// Lock fail at once, with a [*QuorumError]. Two masters found to be one
+// server on first contact fail it with an error matching
+// [locks.ErrInvalidOption]. When ctx ends first, Lock returns an error
+// matching ctx.Err() and holds nothing. Lock is safe for concurrent use.
 func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	if err := names.Check(name); err != nil {
 		return nil, fmt.Errorf("redlockprio: lock: %w", err)
@@ -274,9 +277,17 @@ func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 
 // TryLock takes name if it is free (or held by a lower priority); see
 // [locks.Locker.TryLock]. When it is held elsewhere, TryLock returns a
-// [*locks.HeldError] (matching [locks.ErrNotAcquired]) whose RetryAfter
-// is the holder's remaining TTL; when fewer than a quorum of masters
+// [*locks.HeldError] (matching [locks.ErrNotAcquired]) naming the holder,
+// whose RetryAfter is the holder's remaining TTL — also while a minority
+// of the masters is down; only when fewer than a quorum of masters
 // answer, a [*QuorumError].
+//
+// The one exception to "TryLock does not wait": when the holder has a
+// lower priority, TryLock takes the name and, like Lock, returns once
+// the displaced holder has let go or its validity has provably run out
+// (at most its remaining PTTL plus the drift allowance), or when ctx
+// ends (then holding nothing). Without that wait it would hand out a
+// name the victim may still use. TryLock is safe for concurrent use.
 func (l *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
 	if err := names.Check(name); err != nil {
 		return nil, fmt.Errorf("redlockprio: lock: %w", err)

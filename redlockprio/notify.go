@@ -270,9 +270,13 @@ func (l *Locker) notice(vid, reply, thief string) {
 // rememberKept records that the failed attempt id may have kept keys it
 // took from other holders, for as long as such a key can live (keptFor:
 // the key expires when its victim's lease would have).
-func (l *Locker) rememberKept(id string) {
+func (l *Locker) rememberKept(id string) { l.rememberKeptFor(id, l.keptFor()) }
+
+// rememberKeptFor records that the failed attempt id may have kept keys
+// it took from other holders, for at least d.
+func (l *Locker) rememberKeptFor(id string, d time.Duration) {
 	now := time.Now()
-	d := l.keptFor()
+	d = max(d, l.o.ttl)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for k, until := range l.kept {
@@ -280,7 +284,9 @@ func (l *Locker) rememberKept(id string) {
 			delete(l.kept, k)
 		}
 	}
-	l.kept[id] = now.Add(d)
+	if until := now.Add(d); until.After(l.kept[id]) {
+		l.kept[id] = until
+	}
 }
 
 // publish sends payload on channel through every master, in the

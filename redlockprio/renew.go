@@ -44,10 +44,10 @@ func (l *Locker) renewLoop() {
 				continue // an attempt in flight
 			}
 			if !e.base.Live() {
-				select {
-				case <-e.settled:
+				// Forgotten once no notice about it can need waiting
+				// for: settled, and let go or past its validity.
+				if e.isSettled() && e.isLetGo() {
 					delete(l.entries, id)
-				default:
 				}
 				continue
 			}
@@ -236,5 +236,25 @@ func renewPipeline(ctx context.Context, m *master, batch []*Lease, tokens []uint
 			return nil, errors.Join(errors.New("loading the renew script"), err)
 		}
 		m.renewScript.Store(scriptLoaded)
+	}
+}
+
+func (e *Lease) isSettled() bool {
+	select {
+	case <-e.settled:
+		return true
+	default:
+		return false
+	}
+}
+
+// isLetGo reports whether the lease's holder has let go of it (Release)
+// or its validity has run out.
+func (e *Lease) isLetGo() bool {
+	select {
+	case <-e.letGo:
+		return true
+	default:
+		return !time.Now().Before(e.base.Deadline())
 	}
 }
