@@ -50,7 +50,8 @@ var buckets = locks.NameRule{
 // end when it is closed.
 //
 // A Client is safe for concurrent use. It does not own the NATS
-// connection: close the connection after the Client.
+// connection: make it with [ConnectOptions], and close it after the
+// Client.
 type Client struct {
 	st     store
 	bucket string
@@ -71,8 +72,12 @@ type Client struct {
 // (with [WithReplicas] and [WithStorage]; an existing bucket is used as it
 // is). The bucket name and every option are checked before any I/O: a
 // bad bucket name gives an error matching [locks.ErrInvalidName], a bad
-// option one matching [locks.ErrInvalidOption]. When ctx ends before the
-// bucket is ready, New returns an error matching ctx.Err().
+// option one matching [locks.ErrInvalidOption]. While JetStream cannot
+// answer (a stream or meta leader being elected, a server restarting),
+// New asks again, each request bounded by 2 s, until ctx ends; it then
+// returns an error matching ctx.Err() that says what it waited for (the
+// bucket's stream, by name), for how long, on which server, and the last
+// answer it had.
 //
 // A replicated bucket (more than one replica) on a NATS server older than
 // [MinClusterVersion] is refused with an error matching [ErrUnsafeServer]
@@ -95,38 +100,9 @@ func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Opt
 	if js == nil {
 		return nil, fmt.Errorf("natsputex: %w", locks.InvalidOption("nil JetStream"))
 	}
-	version := js.Conn().ConnectedServerVersion()
-	kv, err := js.KeyValue(ctx, bucket)
-	if err == nil {
-		// An existing bucket, of the replicas it was made with.
-		var st jetstream.KeyValueStatus
-		if st, err = kv.Status(ctx); err == nil {
-			replicas := 1
-			if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
-				replicas = bs.StreamInfo().Config.Replicas
-			}
-			if err := o.checkServer(bucket, version, replicas); err != nil {
-				return nil, err
-			}
-		}
-	} else if errors.Is(err, jetstream.ErrBucketNotFound) {
-		// Refuse before making a bucket that cannot be used.
-		if err := o.checkServer(bucket, version, o.replicas); err != nil {
-			return nil, err
-		}
-		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      bucket,
-			Description: "latchkey natsputex locks",
-			History:     1,
-			Storage:     o.storage,
-			Replicas:    o.replicas,
-		})
-	}
+	kv, err := openBucket(ctx, js, bucket, &o)
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
-			err = fmt.Errorf("%w: %w", cerr, err)
-		}
-		return nil, fmt.Errorf("natsputex: bucket %q: %w", bucket, err)
+		return nil, err
 	}
 	cctx, cancel := context.WithCancel(context.Background())
 	return &Client{
@@ -138,6 +114,88 @@ func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Opt
 		leases: make(map[*lease]struct{}),
 		blank:  make(map[string]uint64),
 	}, nil
+}
+
+// openAttempt bounds one request of New's to JetStream: a request sent
+// while a stream has no leader may never be answered, even once one is
+// elected, so New asks again.
+const openAttempt = 2 * time.Second
+
+// openBucket looks bucket up, or creates it, asking again while JetStream
+// cannot answer, until ctx ends; it checks the server's version for a
+// replicated bucket.
+func openBucket(ctx context.Context, js jetstream.JetStream, bucket string, o *options) (jetstream.KeyValue, error) {
+	start := time.Now()
+	stream := "KV_" + bucket
+	pause := 50 * time.Millisecond
+	var last error
+	for {
+		kv, what, err := openOnce(ctx, js, bucket, o)
+		if err == nil {
+			return kv, nil
+		}
+		if errors.Is(err, ErrUnsafeServer) {
+			return nil, err
+		}
+		cerr := ctx.Err()
+		if cerr == nil && !transient(err) {
+			return nil, fmt.Errorf("natsputex: bucket %q: %s: %w", bucket, what, err)
+		}
+		if cerr == nil || last == nil || !errors.Is(err, cerr) {
+			last = err
+		}
+		if cerr == nil {
+			cerr = sleepCtx(ctx, pause)
+			pause = min(2*pause, time.Second)
+		}
+		if cerr != nil {
+			answer := "no answer"
+			if last != nil && !errors.Is(last, context.DeadlineExceeded) {
+				answer = "last answer: " + last.Error()
+			}
+			return nil, fmt.Errorf("natsputex: bucket %q: waited %v for %s (stream %s) on %s: %s: %w",
+				bucket, time.Since(start).Round(time.Millisecond), what, stream, js.Conn().ConnectedUrlRedacted(), answer, cerr)
+		}
+	}
+}
+
+// openOnce makes one attempt of openBucket, and says what it was doing
+// when it failed.
+func openOnce(ctx context.Context, js jetstream.JetStream, bucket string, o *options) (jetstream.KeyValue, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, openAttempt)
+	defer cancel()
+	version := js.Conn().ConnectedServerVersion()
+	what := "the lookup of the bucket"
+	kv, err := js.KeyValue(ctx, bucket)
+	switch {
+	case err == nil:
+		// An existing bucket, of the replicas it was made with.
+		what = "the status of the bucket"
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, what, err
+		}
+		replicas := 1
+		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
+			replicas = bs.StreamInfo().Config.Replicas
+		}
+		return kv, what, o.checkServer(bucket, version, replicas)
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		// Refuse before making a bucket that cannot be used.
+		if err := o.checkServer(bucket, version, o.replicas); err != nil {
+			return nil, what, err
+		}
+		what = fmt.Sprintf("the creation of the bucket (%d replicas)", o.replicas)
+		kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      bucket,
+			Description: "latchkey natsputex locks",
+			History:     1,
+			Storage:     o.storage,
+			Replicas:    o.replicas,
+		})
+		return kv, what, err
+	}
+	return nil, what, err
 }
 
 // CheckSupervisor reports, without any I/O, whether [New] would accept

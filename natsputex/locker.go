@@ -439,13 +439,22 @@ func (l *lease) release(ctx context.Context) error {
 }
 
 // watch wakes a waiting call when one of its keys becomes free, and
-// restarts the takeover clocks on every write it sees.
+// restarts the takeover clocks on every write it sees. Its KV watcher is
+// made again each time the connection reconnects: the watcher's consumer
+// may be gone with the server that ran it (a restart, a node lost), and
+// nats.go would only notice after missing its heartbeats for 5–10 s.
 type watch struct {
-	kw     jetstream.KeyWatcher
-	cancel context.CancelFunc
-	wake   chan struct{}
-	done   chan struct{}
+	wake chan struct{}
+
+	quit   chan struct{} // closed by stop
+	once   sync.Once
+	cancel context.CancelFunc // ends every watcher's context, after the loop
+	done   chan struct{}      // closed when the loop has returned
 }
+
+// rewatchPause bounds the pause between attempts to make a watcher again
+// after a reconnect, while the server cannot make one yet.
+const rewatchPause = 500 * time.Millisecond
 
 func (c *Client) watch(ctx context.Context, name string, ks []string, cl *clocks) (*watch, error) {
 	pattern := ks[0]
@@ -457,20 +466,30 @@ func (c *Client) watch(ctx context.Context, name string, ks []string, cl *clocks
 	// a ctx ending in the middle of the creation would leave a consumer
 	// this call never learns of. stop ends it.
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	// Listen for reconnects before the first watcher is made, so that none
+	// is missed between the two.
+	reconnected := c.st.nc.StatusChanged(nats.CONNECTED)
 	kw, err := c.st.kv.Watch(wctx, pattern)
 	if err != nil {
+		c.st.nc.RemoveStatusListener(reconnected)
 		cancel()
 		return nil, fmt.Errorf("natsputex: %q: watch: %w", name, err)
 	}
-	w := &watch{kw: kw, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &watch{wake: make(chan struct{}, 1), quit: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
 	index := make(map[string]int, len(ks))
 	for i, k := range ks {
 		index[k] = i
 	}
-	go func() {
-		defer close(w.done)
-		// Drain until the watcher closes its channel (after Stop or when
-		// the connection closes): its callback blocks on a full channel.
+	wake := func() {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+	// drain handles kw's entries until it closes its channel (after Stop
+	// or when the connection closes): its callback blocks on a full
+	// channel.
+	drain := func(kw jetstream.KeyWatcher) {
 		for e := range kw.Updates() {
 			if e == nil {
 				continue
@@ -485,11 +504,42 @@ func (c *Client) watch(ctx context.Context, name string, ks []string, cl *clocks
 				cl.see(i, e.Revision())
 			}
 			if e.Operation() != jetstream.KeyValuePut || len(e.Value()) == 0 {
-				select {
-				case w.wake <- struct{}{}:
-				default:
-				}
+				wake()
 			}
+		}
+	}
+	go func() {
+		defer close(w.done)
+		var bg sync.WaitGroup
+		defer bg.Wait()
+		defer c.st.nc.RemoveStatusListener(reconnected)
+		bg.Go(func() { drain(kw) })
+		var retry <-chan time.Time
+		for {
+			select {
+			case <-w.quit:
+				_ = kw.Stop()
+				return
+			case _, ok := <-reconnected:
+				if !ok {
+					return
+				}
+			case <-retry:
+			}
+			retry = nil
+			// The connection is back: a release may have gone unseen
+			// while it was down, so the waiter looks again at once, and
+			// a new watcher replaces the old one.
+			wake()
+			nkw, err := c.st.kv.Watch(wctx, pattern)
+			if err != nil {
+				retry = time.After(rewatchPause)
+				continue
+			}
+			old := kw
+			kw = nkw
+			bg.Go(func() { drain(nkw) })
+			bg.Go(func() { _ = old.Stop() })
 		}
 	}()
 	return w, nil
@@ -515,8 +565,13 @@ func (c *Client) stopWatch(w *watch) {
 	}()
 }
 
+// stop ends the watch and waits, up to 5 s, for its goroutines to end.
 func (w *watch) stop() {
-	_ = w.kw.Stop()
+	w.once.Do(func() { close(w.quit) })
+	select {
+	case <-w.done:
+	case <-time.After(5 * time.Second):
+	}
 	w.cancel()
 	select {
 	case <-w.done:
