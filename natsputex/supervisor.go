@@ -511,6 +511,11 @@ func (s *Supervisor) activate(ctx context.Context) {
 		err = protect(func() error { return s.svc.Start(sctx, token) })
 	}
 	s.svcMu.Unlock()
+	if err != nil && ctx.Err() != nil {
+		// Run is ending: its shutdown stops the service and blanks the key.
+		s.event(PhaseStandby, "Run is ending: Start was cut short", err)
+		return
+	}
 	if err != nil {
 		s.abort(ctx, "starting the service failed", err)
 		s.mu.Lock()
