@@ -127,14 +127,16 @@ type Service struct {
 // such a takeover the agent confirms: it starts the service only once C
 // intervals (C·R) have passed since the start of its first write of the
 // hold that it saw succeed, every write since having succeeded too. An
-// agent finds its own token in the key without having written it when a
-// write's answer was lost (the write landed, or nats.go sent it again
-// after a reconnect): it then writes at the revision it read and
-// confirms for C intervals as after a takeover. Otherwise its own token
-// at a revision it did not write is another agent's, given the same
-// token by mistake, or an earlier run's: it waits for T without a write,
-// as for any other token, and says so; an agent holding the key that
-// finds its token written by someone else stops its service and says so.
+// agent that does not hold the key may find its own token in it: its own
+// last write (its hold ran out, or Stop or the blank failed, and no one
+// wrote since), or a write whose answer was lost (the write landed, or
+// nats.go sent it again after a reconnect). It then writes at the
+// revision it read and confirms for C intervals as after a takeover.
+// Otherwise its own token at a revision it did not write is another
+// agent's, given the same token by mistake, or an earlier run's: it waits
+// for T without a write, as for any other token, and says so; an agent
+// holding the key that finds its token written by someone else stops its
+// service and says so.
 //
 // A failed write or health check, or another write in the key, stops the
 // service at once; after a failed health check or Start, once Stop has
@@ -282,8 +284,12 @@ func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 	switch {
 	case r.free():
 		s.takeFree(ctx, r)
+	case r.holder == s.token && r.rev == lastRev:
+		// The agent's own last write: it stopped holding (its hold ran
+		// out, or Stop or the blank failed) and no one wrote since.
+		s.takeOwn(ctx, r, "found its own last write still in the key")
 	case r.holder == s.token && pending:
-		s.takeLost(ctx, r)
+		s.takeOwn(ctx, r, "found its own token in the key after a write whose answer was lost")
 	default:
 		s.standby(ctx, r, cl, w)
 	}
@@ -377,11 +383,12 @@ func (s *Supervisor) takeFree(ctx context.Context, r record) {
 	s.activate(ctx)
 }
 
-// takeLost is the path of a key holding the agent's own token after a
-// write whose answer was lost: that write may have landed. The agent
-// writes at the revision it read and confirms, as after a takeover:
-// its first write it saw succeed starts the confirmation clock.
-func (s *Supervisor) takeLost(ctx context.Context, r record) {
+// takeOwn is the path of a key holding the agent's own token while it
+// does not hold the key: its own last write, or a write whose answer was
+// lost and that may have landed. The agent writes at the revision it read
+// and confirms, as after a takeover: its first write it saw succeed
+// starts the confirmation clock.
+func (s *Supervisor) takeOwn(ctx context.Context, r record, why string) {
 	if err := s.c.healthCheck(ctx, Standby); err != nil {
 		if ctx.Err() == nil {
 			s.event(PhaseStandby, "health check failed", err)
@@ -399,7 +406,7 @@ func (s *Supervisor) takeLost(ctx context.Context, r record) {
 		}
 		return
 	}
-	s.confirm(ctx, rev, start, "found its own token in the key after a write whose answer was lost")
+	s.confirm(ctx, rev, start, why)
 }
 
 // confirm enters PhaseConfirming after the write at rev, begun at start,

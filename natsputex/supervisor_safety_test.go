@@ -8,8 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
 	"github.com/latchkey-go/latchkey/contracttest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
 	"github.com/latchkey-go/latchkey/natsputex"
 )
 
@@ -242,5 +246,44 @@ func TestSupervisorStartGetsToken(t *testing.T) {
 	}
 	if tb[0] <= ta[0] {
 		t.Errorf("the later holder's token %d is not greater than the earlier one's %d", tb[0], ta[0])
+	}
+}
+
+// TestSupervisorServerRestart: across restarts of the NATS server (file
+// storage: the key survives), down for 0, T and 2T, two agents never run
+// the service at once, and one runs it again within T + C·R + 3R + 1s of
+// the server's return.
+func TestSupervisorServerRestart(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+	srv := natsenv.StartServer(t)
+	url := srv.URL()
+	bucket := uniqueBucket("suprestart")
+	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.FileStorage))
+	const key = "spof-service"
+	h := contracttest.NewHistory(1)
+	agents := []*agent{
+		startAgent(t, url, bucket, key, "node-a", h),
+		startAgent(t, url, bucket, key, "node-b", h),
+	}
+	waitActive(t, 5*time.Second, agents...)
+	for round := range 3 {
+		time.Sleep(3 * testR)
+		down := time.Now()
+		srv.Shutdown()
+		// Down for longer than a hold lasts: the active agent stops its
+		// service, and the other's takeover clock runs out.
+		time.Sleep(time.Duration(round) * testF * testR)
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		back := time.Now()
+		active := waitActive(t, (testF+testC+3)*testR+time.Second, agents...)
+		t.Logf("round %d: the server was down %v; %s runs the service %v after it was back", round, back.Sub(down).Round(time.Millisecond), active.name, time.Since(back).Round(time.Millisecond))
+	}
+	for _, a := range agents {
+		a.stop()
+	}
+	if err := h.Check(); err != nil {
+		t.Fatalf("services overlapped: %v", err)
 	}
 }
