@@ -41,9 +41,10 @@
 //     new holder rewrites its token for C intervals before the lease is
 //     handed to the caller (or the Supervisor starts the service); a free key
 //     is held at once. A Supervisor also confirms for C intervals when it
-//     finds its own token in the key after a write whose answer was lost:
-//     it starts the service only after C·R of its own writes that it saw
-//     succeed, on every path.
+//     finds its own token in the key while it does not hold it (its own
+//     last write, or a write whose answer was lost): it starts the
+//     service only after C·R of its own writes that it saw succeed, on
+//     every path.
 //
 // A holder's lease ends at once, with [locks.ErrLost], when a write fails
 // or its health check fails (it then blanks the key, one attempt, so that
@@ -116,6 +117,11 @@
 //   - The fencing token of a Supervisor's hold is the revision of the
 //     write that won the key; [Service.Start] gets it (natslock's start
 //     command as $NATSLOCK_TOKEN).
+//   - An agent killed outright (kill -9, a crash) cannot stop its
+//     service. A [CommandReaper], which natslock starts, can: it runs the
+//     stop command and kills the start commands' process groups as soon
+//     as the agent's process is gone (see its doc for what it cannot
+//     reach).
 //   - What remains: a process paused longer than T (GC, SIGSTOP) still
 //     believes it holds the key until it runs again; its lease's context
 //     then ends at once, but work it does in that instant is only stopped
