@@ -208,8 +208,8 @@ func (s *Supervisor) Phase() Phase {
 // finished first) and returns an error matching ctx.Err() (or
 // [locks.ErrClosed]), joined with the errors of that last stop and
 // release if any. When that last Stop fails the key is not blanked, and
-// the error says the service may still run. Calling Run while it runs
-// returns an error at once.
+// the error also matches [ErrStopFailed]: the service may still run.
+// Calling Run while it runs returns an error at once.
 func (s *Supervisor) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("natsputex: supervisor %q: already running", s.key)
