@@ -136,7 +136,7 @@ while read -r what pgid; do
 	esac
 done
 [ -n "$up" ] || exit 0
-echo "natslock-reaper: natslock died with its service up: running the stop command, killing process group(s)$up" >&2
+echo "natslock-reaper: natslock ended with its service up: running the stop command, killing process group(s)$up" >&2
 trap - INT TERM HUP QUIT
 if [ -n "$1" ]; then /bin/sh -c "$1" natslock || echo "natslock-reaper: the stop command failed" >&2; fi
 for g in $up; do kill -KILL "-$g" 2>/dev/null; done

@@ -2,6 +2,7 @@ package natsputex_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -289,4 +290,46 @@ func TestNatslockStandbyCheckFails(t *testing.T) {
 	}
 	took := waitFor(t, handoverBound+time.Second, "node-b takes over once its check passes", func() bool { return b.lastState() == "start" })
 	t.Logf("node-b started %v after its check passed", took.Round(time.Millisecond))
+}
+
+// TestNatslockStopFailsExit3: when the last stop command fails, natslock
+// exits with status 3, says so, and does not blank the key; its reaper
+// then runs the stop command once more and kills what the start command
+// left running.
+func TestNatslockStopFailsExit3(t *testing.T) {
+	bin, url, bucket := natslockEnv(t, "natslockexit3")
+	const key = "spof-service"
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	p := startNatslock(t, bin, url, bucket, key, "node-a",
+		"-start", fmt.Sprintf(`echo "start $(date +%%s%%N)" >> "$STATE"; sh -c 'echo $$ > %s; exec sleep 60' > /dev/null 2>&1 &`, pidFile),
+		"-stop", `echo "stop $(date +%s%N)" >> "$STATE"; exit 1`)
+	pid := 0
+	waitFor(t, 10*time.Second, "the service runs in the background", func() bool {
+		b, _ := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return pid > 0
+	})
+	gone := false
+	t.Cleanup(func() {
+		if !gone {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("natslock did not exit after SIGTERM")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 3 {
+		t.Errorf("exit code when the last stop failed: %d, want 3", code)
+	}
+	if l := p.logs(); !strings.Contains(l, "stopping the service failed") {
+		t.Errorf("natslock did not say that the stop failed:\n%s", l)
+	}
+	kv := mustBucket(t, url, bucket)
+	if e, err := kv.Get(context.Background(), key); err != nil || string(e.Value()) != "node-a" {
+		t.Errorf("the key after a failed last stop: %v %v; want node-a's token, not blanked", e, err)
+	}
+	waitFor(t, 3*time.Second, "the reaper kills the service", func() bool { gone = processGone(pid); return gone })
 }
