@@ -26,6 +26,15 @@ var (
 	// one beside it would let clients of each layout hold slots of the same
 	// name, more than either's count.
 	ErrOtherLayout = errors.New("amqpsem: the name is a semaphore of another layout")
+
+	// ErrTransientRefused reports that the broker refused to declare a
+	// queue that is neither durable nor exclusive: a slot queue of
+	// [PythonLayout], which the Python client declares so, on a RabbitMQ 4
+	// whose configuration does not permit the deprecated feature
+	// transient_nonexcl_queues (denied by default from RabbitMQ 4.3).
+	// Such queues are declared on a connection of their own, so the
+	// refusal, which closes that connection, ends no lease.
+	ErrTransientRefused = errors.New("amqpsem: the broker refuses transient non-exclusive queues")
 )
 
 // Admin administers persistent semaphores as the specification says:
@@ -43,9 +52,32 @@ var (
 // An Admin is safe for concurrent use; changes to one semaphore are
 // serialised at the broker by its mutex, across clients.
 type Admin struct {
-	c     *Client
+	cl    *Client
+	c     *session // of one call; see bind
 	opts  options
 	mutex *Mutex
+}
+
+// bind returns a bound to the client's live session, for one call,
+// waiting for a reconnection until ctx ends; a bound a is returned as it
+// is.
+func (a *Admin) bind(ctx context.Context) (*Admin, error) {
+	if a.c != nil {
+		return a, nil
+	}
+	s, err := a.cl.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return a.on(s), nil
+}
+
+// on returns a copy of a bound to session s.
+func (a *Admin) on(s *session) *Admin {
+	b := *a
+	b.c = s
+	b.mutex = &Mutex{cl: a.cl, c: s, opts: a.opts}
+	return &b
 }
 
 // Admin returns an Admin of the client, with opts on top of the client's
@@ -57,7 +89,7 @@ func (c *Client) Admin(opts ...Option) (*Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Admin{c: c, opts: o, mutex: &Mutex{c: c, opts: o}}, nil
+	return &Admin{cl: c, opts: o, mutex: &Mutex{cl: c, opts: o}}, nil
 }
 
 // Max returns the number of slots of name, C: the A queues exist from A[1]
@@ -67,6 +99,10 @@ func (a *Admin) Max(ctx context.Context, name string) (int, error) {
 	if err := a.opts.layout.checkSemName(name); err != nil {
 		return 0, err
 	}
+	a, err := a.bind(ctx)
+	if err != nil {
+		return 0, errorf("amqpsem: maximum of %q: %w", name, err)
+	}
 	return a.max(ctx, name)
 }
 
@@ -74,7 +110,7 @@ func (a *Admin) max(ctx context.Context, name string) (int, error) {
 	lay := a.opts.layout
 	n, err := a.firstMissing(ctx, 1, lay.SlotLimit(name), func(i int) string { return lay.Slot(name, i) })
 	if err != nil {
-		return 0, fmt.Errorf("amqpsem: maximum of %q: %w", name, err)
+		return 0, errorf("amqpsem: maximum of %q: %w", name, err)
 	}
 	return n - 1, nil
 }
@@ -118,6 +154,10 @@ func (a *Admin) OtherLayouts(ctx context.Context, name string) ([]string, error)
 	if err := a.opts.layout.checkSemName(name); err != nil {
 		return nil, err
 	}
+	a, err := a.bind(ctx)
+	if err != nil {
+		return nil, errorf("amqpsem: layouts of %q: %w", name, err)
+	}
 	found, err := a.otherLayouts(ctx, name)
 	if err != nil {
 		return nil, err
@@ -160,7 +200,7 @@ func (a *Admin) otherLayouts(ctx context.Context, name string) ([]otherLayout, e
 	}
 	got, _, err := a.c.probes.probe(ctx, qs...)
 	if err != nil {
-		return nil, fmt.Errorf("amqpsem: layouts of %q: %w", name, err)
+		return nil, errorf("amqpsem: layouts of %q: %w", name, err)
 	}
 	var found []otherLayout
 	for i, ok := range got {
@@ -174,9 +214,13 @@ func (a *Admin) otherLayouts(ctx context.Context, name string) ([]otherLayout, e
 // locked runs change holding name's administration mutex, with the
 // current maximum, after overshooting. With exclusive, it first refuses
 // with [ErrOtherLayout] when name has slot queues of another layout.
-func (a *Admin) locked(ctx context.Context, op, name string, exclusive bool, change func(ctx context.Context, max int) (int, error)) (Change, error) {
+func (a *Admin) locked(ctx context.Context, op, name string, exclusive bool, change func(ctx context.Context, a *Admin, max int) (int, error)) (Change, error) {
 	if err := a.opts.layout.checkSemName(name); err != nil {
 		return Change{}, err
+	}
+	a, err := a.bind(ctx)
+	if err != nil {
+		return Change{}, errorf("amqpsem: %s %q: %w", op, name, err)
 	}
 	lease, err := a.mutex.TryLock(ctx, name)
 	if errors.Is(err, locks.ErrNotAcquired) {
@@ -186,7 +230,7 @@ func (a *Admin) locked(ctx context.Context, op, name string, exclusive bool, cha
 		lease, err = a.mutex.Lock(ctx, name)
 	}
 	if err != nil {
-		return Change{}, fmt.Errorf("amqpsem: %s %q: administration mutex: %w", op, name, err)
+		return Change{}, errorf("amqpsem: %s %q: administration mutex: %w", op, name, err)
 	}
 	defer func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
 	if exclusive {
@@ -204,15 +248,15 @@ func (a *Admin) locked(ctx context.Context, op, name string, exclusive bool, cha
 	}
 	if t := a.opts.overshoot; t > 0 {
 		if err := a.deleteSlots(ctx, name, before+1, min(before+t, a.opts.layout.SlotLimit(name))); err != nil {
-			return Change{Before: before, After: before}, fmt.Errorf("amqpsem: %s %q: overshoot: %w", op, name, err)
+			return Change{Before: before, After: before}, errorf("amqpsem: %s %q: overshoot: %w", op, name, err)
 		}
 	}
-	after, err := change(ctx, before)
+	after, err := change(ctx, a, before)
 	if err != nil {
-		return Change{Before: before, After: after}, fmt.Errorf("amqpsem: %s %q: %w", op, name, err)
+		return Change{Before: before, After: after}, errorf("amqpsem: %s %q: %w", op, name, err)
 	}
 	if cause := context.Cause(lease.Context()); cause != nil {
-		return Change{Before: before, After: after}, fmt.Errorf("amqpsem: %s %q: administration mutex lost during the change: %w", op, name, cause)
+		return Change{Before: before, After: after}, errorf("amqpsem: %s %q: administration mutex lost during the change: %w", op, name, cause)
 	}
 	return Change{Before: before, After: after}, nil
 }
@@ -241,7 +285,7 @@ func (a *Admin) Create(ctx context.Context, name string, slots int) error {
 	if err := checkCount("slots", slots); err != nil {
 		return err
 	}
-	_, err := a.locked(ctx, "create", name, true, func(ctx context.Context, max int) (int, error) {
+	_, err := a.locked(ctx, "create", name, true, func(ctx context.Context, a *Admin, max int) (int, error) {
 		if max > 0 {
 			return max, fmt.Errorf("%w with %d %s", ErrExists, max, plural(max, "slot"))
 		}
@@ -255,7 +299,7 @@ func (a *Admin) Create(ctx context.Context, name string, slots int) error {
 
 // ensure creates name with slots slots unless it has some.
 func (a *Admin) ensure(ctx context.Context, name string, slots int) error {
-	_, err := a.locked(ctx, "create", name, true, func(ctx context.Context, max int) (int, error) {
+	_, err := a.locked(ctx, "create", name, true, func(ctx context.Context, a *Admin, max int) (int, error) {
 		if max > 0 {
 			return max, nil
 		}
@@ -275,7 +319,7 @@ func (a *Admin) Add(ctx context.Context, name string, n int) (Change, error) {
 	if err := checkCount("slots to add", n); err != nil {
 		return Change{}, err
 	}
-	return a.locked(ctx, "add", name, true, func(ctx context.Context, max int) (int, error) {
+	return a.locked(ctx, "add", name, true, func(ctx context.Context, a *Admin, max int) (int, error) {
 		if max+n > MaxSlots {
 			return max, fmt.Errorf("%w: %d + %d slots is more than %d", ErrInvalidSlots, max, n, MaxSlots)
 		}
@@ -295,7 +339,7 @@ func (a *Admin) Remove(ctx context.Context, name string, n int) (Change, error) 
 	if err := checkCount("slots to remove", n); err != nil {
 		return Change{}, err
 	}
-	return a.locked(ctx, "remove", name, false, func(ctx context.Context, max int) (int, error) {
+	return a.locked(ctx, "remove", name, false, func(ctx context.Context, a *Admin, max int) (int, error) {
 		if n > max {
 			return max, fmt.Errorf("%w: cannot remove %d slots of %d", ErrInvalidSlots, n, max)
 		}
@@ -310,7 +354,7 @@ func (a *Admin) Resize(ctx context.Context, name string, slots int) (Change, err
 	if slots < 0 || slots > MaxSlots {
 		return Change{}, fmt.Errorf("%w: slots must be in 0..%d, got %d", ErrInvalidSlots, MaxSlots, slots)
 	}
-	return a.locked(ctx, "resize", name, slots > 0, func(ctx context.Context, max int) (int, error) {
+	return a.locked(ctx, "resize", name, slots > 0, func(ctx context.Context, a *Admin, max int) (int, error) {
 		switch {
 		case slots > max:
 			if err := a.checkLimit(name, slots); err != nil {
@@ -332,7 +376,7 @@ func (a *Admin) Resize(ctx context.Context, name string, slots int) (Change, err
 // broker deletes it a minute after its last waiter left (see the package
 // documentation).
 func (a *Admin) Destroy(ctx context.Context, name string) (int, error) {
-	ch, err := a.locked(ctx, "destroy", name, false, func(ctx context.Context, max int) (int, error) {
+	ch, err := a.locked(ctx, "destroy", name, false, func(ctx context.Context, a *Admin, max int) (int, error) {
 		return a.removeSlots(ctx, name, max, 0)
 	})
 	return ch.Before - ch.After, err
@@ -342,16 +386,34 @@ func (a *Admin) Destroy(ctx context.Context, name string) (int, error) {
 // declare fails, it deletes the queues it declared and returns from.
 func (a *Admin) addSlots(ctx context.Context, name string, from, to int) (int, error) {
 	lay := a.opts.layout
+	var side *sideConn
+	if !lay.SlotDurable {
+		// Transient, non-exclusive queues: a broker that refuses them
+		// closes the connection that asks, so ask on another one.
+		var err error
+		if side, err = a.c.dialSide(ctx); err != nil {
+			return from, fmt.Errorf("connection for the %s layout's transient slot queues: %w", lay.name(), err)
+		}
+		defer side.close()
+	}
 	for i := from + 1; i <= to; i++ {
 		q := lay.Slot(name, i)
-		err := a.c.call(ctx, func(ch *amqp.Channel) error {
-			_, err := ch.QueueDeclare(q, lay.SlotDurable, false, false, false, lay.Args)
-			return err
-		}, nil)
+		var err error
+		if side != nil {
+			err = side.declare(ctx, q, lay.SlotDurable, lay.Args)
+		} else {
+			err = a.c.call(ctx, func(ch *amqp.Channel) error {
+				_, err := ch.QueueDeclare(q, lay.SlotDurable, false, false, false, lay.Args)
+				return err
+			}, nil)
+		}
 		if err != nil {
-			if amqpCode(err) == 406 {
+			switch {
+			case transientRefused(err):
+				err = fmt.Errorf("%w: declaring slot queue %q of the %s layout, which is neither durable nor exclusive: RabbitMQ 4 refuses such queues unless its configuration has \"deprecated_features.permit.transient_nonexcl_queues = true\" (the default layout's slot queues are durable): %w", ErrTransientRefused, q, lay.name(), err)
+			case amqpCode(err) == 406:
 				err = fmt.Errorf("slot queue %q exists with other properties (another layout?): %w", q, err)
-			} else {
+			default:
 				err = fmt.Errorf("declare slot queue %q: %w", q, err)
 			}
 			if rerr := a.deleteSlots(context.WithoutCancel(ctx), name, from+1, i-1); rerr != nil {
@@ -423,6 +485,10 @@ func (a *Admin) Status(ctx context.Context, name string) (Status, error) {
 	if err := lay.checkSemName(name); err != nil {
 		return Status{}, err
 	}
+	a, err := a.bind(ctx)
+	if err != nil {
+		return Status{}, errorf("amqpsem: status of %q: %w", name, err)
+	}
 	others, err := a.otherLayouts(ctx, name)
 	if err != nil {
 		return Status{}, err
@@ -460,7 +526,7 @@ func (a *Admin) heldBetween(ctx context.Context, name string, lo, hi int) ([]int
 	}
 	got, _, err := a.c.probes.probe(ctx, qs...)
 	if err != nil {
-		return nil, fmt.Errorf("amqpsem: holders of %q: %w", name, err)
+		return nil, errorf("amqpsem: holders of %q: %w", name, err)
 	}
 	var held []int
 	for k, ok := range got {
@@ -485,7 +551,7 @@ func (a *Admin) heldOf(ctx context.Context, name string, c int, slots []int) ([]
 	}
 	got, _, err := a.c.probes.probe(ctx, qs...)
 	if err != nil {
-		return nil, fmt.Errorf("amqpsem: holders of %q: %w", name, err)
+		return nil, errorf("amqpsem: holders of %q: %w", name, err)
 	}
 	var held []int
 	for k, ok := range got {
@@ -498,21 +564,31 @@ func (a *Admin) heldOf(ctx context.Context, name string, c int, slots []int) ([]
 
 // WaitReleased waits until no slot of name above its current maximum C
 // is held, whatever its number: until the holders of removed slots have
-// let go. It returns nil only after a check of the holder queue of every
-// slot from C+1 to the name's [Layout.SlotLimit] found none (65535
-// probes, pipelined: about a second on a local broker); in between, it
-// polls only the slots found held, with the back-off, woken early by
-// releases. When ctx ends first, the error matches ctx.Err() (and,
-// inside a [locks.HeldError], says which slots were still held at the
-// last check).
+// let go. It first checks the holder queue of every slot from C+1 to the
+// name's [Layout.SlotLimit] (65535 probes, pipelined: about a second on
+// a local broker, a few under the race detector), then polls only the
+// slots it found held, with the back-off, woken early by releases, and
+// returns nil once none of them is held. (A removed slot cannot be taken
+// again: clients scan slots in order from 1 and stop at the first
+// missing one. A client that found a slot before its removal and
+// declares its holder queue after the check verifies the slot, finds it
+// gone and lets go without using it.) When C drops further while it
+// waits, the newly removed slots are checked too. When ctx ends first,
+// the error matches ctx.Err() (and, inside a [locks.HeldError], says
+// which slots were still held at the last check).
 func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 	lay := a.opts.layout
 	if err := lay.checkSemName(name); err != nil {
 		return err
 	}
+	a, err := a.bind(ctx)
+	if err != nil {
+		return errorf("amqpsem: wait for %q: %w", name, err)
+	}
 	var (
 		last  error
 		known []int // removed slots found held at the last check
+		from  = 0   // slots from here up were all checked (0: none yet)
 	)
 	try := func(ctx context.Context) (struct{}, error) {
 		c, err := a.max(ctx, name)
@@ -520,13 +596,20 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 			return struct{}{}, err
 		}
 		held, err := a.heldOf(ctx, name, c, known)
-		if err == nil && len(held) == 0 {
-			// None of those known is held (or none was known): check
-			// every slot above C before saying so.
-			held, err = a.heldBetween(ctx, name, c+1, lay.SlotLimit(name))
-		}
 		if err != nil {
 			return struct{}{}, err
+		}
+		if from == 0 || c+1 < from {
+			// Check every slot above C not checked yet.
+			hi := lay.SlotLimit(name)
+			if from > 0 {
+				hi = from - 1
+			}
+			more, err := a.heldBetween(ctx, name, c+1, hi)
+			if err != nil {
+				return struct{}{}, err
+			}
+			held, from = append(held, more...), c+1
 		}
 		known = held
 		if len(held) > 0 {
@@ -540,9 +623,9 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 	}
 	sub, unsubscribe := a.c.wakes.subscribe(ctx, name)
 	defer unsubscribe()
-	_, err := locks.Wait(ctx, sub.c, a.opts.backoff, try)
+	_, err = locks.Wait(ctx, sub.c, a.opts.backoff, try)
 	if err != nil && ctx.Err() != nil && last != nil {
-		return fmt.Errorf("amqpsem: wait for %q: %w (%w)", name, err, last)
+		return errorf("amqpsem: wait for %q: %w (%w)", name, err, last)
 	}
 	return err
 }

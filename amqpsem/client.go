@@ -3,7 +3,6 @@ package amqpsem
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	neturl "net/url"
 	"strings"
@@ -25,15 +24,12 @@ var ErrConnectionClosed = errors.New("amqpsem: connection closed")
 // deletes.
 const poolSize = 8
 
-// Client is one AMQP connection to RabbitMQ. Its [Mutex], [Semaphore]s and
-// [Admin]s share it: every queue they declare exclusively belongs to this
-// connection, so every lease they hand out ends when it closes, cleanly
-// ([Client.Close]) or not (the broker or the network going away). A Client
-// does not reconnect: once its connection is gone, its calls return errors
-// matching [locks.ErrClosed]; make a new one.
-//
-// A Client is safe for concurrent use.
-type Client struct {
+// session is one AMQP connection of a [Client], with the channels,
+// probers, wake-ups, holdings and leases that live on it. Everything
+// declared exclusively on it, and every lease handed out on it, ends
+// with it. A Client replaces a session whose connection was lost.
+type session struct {
+	client    *Client
 	conn      *amqp.Connection
 	opts      options
 	heartbeat time.Duration // negotiated, > 0
@@ -44,32 +40,26 @@ type Client struct {
 	verifier *prober // lease verification, which a long scan must not delay
 	wakes    *waker
 
-	mu     sync.Mutex
-	closed bool
-	cause  error               // why the connection ended, once closed
-	held   map[string]*holding // exclusive queues this client holds or is declaring
-	leases map[*Lease]struct{} // live leases
-	wg     sync.WaitGroup      // goroutines started by the client
-	done   chan struct{}       // closed when the connection is gone
+	mu      sync.Mutex
+	closed  bool
+	closing bool                // closed by Client.Close, not lost
+	cause   error               // why the connection ended, once closed
+	held    map[string]*holding // exclusive queues this session holds or is declaring
+	leases  map[*Lease]struct{} // live leases
+	wg      sync.WaitGroup      // goroutines started by the session
+	done    chan struct{}       // closed when the connection is gone
+	closes  chan *amqp.Error    // the connection's close notice, for watch
 }
 
-// Dial connects to the RabbitMQ broker at url (amqp:// or amqps://, as
-// [amqp.ParseURI] reads it) and returns a Client. Invalid options return an
-// error matching [locks.ErrInvalidOption] before any I/O. ctx bounds the
-// connection and its handshakes; when it ends first, the error matches
-// ctx.Err(). A refused connection or wrong credentials give the broker's
-// error (for credentials, one matching [amqp.ErrCredentials]).
-func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
-	o := defaults()
-	if err := locks.Apply(&o, opts); err != nil {
-		return nil, fmt.Errorf("amqpsem: %w", err)
-	}
+// dialConn opens an AMQP connection to url with o's connection options,
+// and returns it, its socket and its negotiated heartbeat.
+func dialConn(ctx context.Context, url string, o options) (*amqp.Connection, *silenceConn, time.Duration, error) {
 	uri, err := amqp.ParseURI(url)
 	if err != nil {
-		return nil, fmt.Errorf("amqpsem: %w", locks.InvalidOption("URL %s: %s", RedactURL(url), RedactURLsIn(err.Error(), url)))
+		return nil, nil, 0, errorf("amqpsem: %w", locks.InvalidOption("URL %s: %s", RedactURL(url), RedactURLsIn(err.Error(), url)))
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, nil, 0, err
 	}
 	dial := o.dial
 	if dial == nil {
@@ -119,7 +109,7 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 		if cerr == nil {
 			cerr = dctx.Err() // the connect timeout
 		}
-		return nil, fmt.Errorf("amqpsem: dial %s: %w", redact(uri), cerr)
+		return nil, nil, 0, errorf("amqpsem: dial %s: %w", redact(uri), cerr)
 	}
 	if err != nil {
 		cerr := ctx.Err()
@@ -129,23 +119,34 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 			cerr = context.DeadlineExceeded
 		}
 		if cerr != nil {
-			return nil, fmt.Errorf("amqpsem: dial %s: %w (%w)", redact(uri), cerr, err)
+			return nil, nil, 0, errorf("amqpsem: dial %s: %w (%w)", redact(uri), cerr, err)
 		}
 		if dctx.Err() != nil || isTimeout(err) {
-			return nil, fmt.Errorf("amqpsem: dial %s: no connection within the connect timeout %v: %w", redact(uri), o.connectTimeout, err)
+			return nil, nil, 0, errorf("amqpsem: dial %s: no connection within the connect timeout %v: %w", redact(uri), o.connectTimeout, err)
 		}
-		return nil, fmt.Errorf("amqpsem: dial %s: %w", redact(uri), err)
+		return nil, nil, 0, errorf("amqpsem: dial %s: %w", redact(uri), err)
 	}
 	hb := conn.Config.Heartbeat
 	if hb <= 0 {
 		_ = conn.Close()
-		return nil, fmt.Errorf("amqpsem: %w", locks.InvalidOption("heartbeats are disabled (heartbeat=0 in the URL and at the broker): amqpsem needs them to bound how long a dead holder keeps its slot"))
+		return nil, nil, 0, errorf("amqpsem: %w", locks.InvalidOption("heartbeats are disabled (heartbeat=0 in the URL and at the broker): amqpsem needs them to bound how long a dead holder keeps its slot"))
+	}
+	return conn, watched, hb, nil
+}
+
+// dialSession opens a session of client.
+func dialSession(ctx context.Context, client *Client) (*session, error) {
+	o := client.opts
+	conn, watched, hb, err := dialConn(ctx, client.url, o)
+	if err != nil {
+		return nil, err
 	}
 	// The broker sends a frame at least every heartbeat interval: a
 	// connection silent for three is dead, whatever amqp's own deadline
 	// bookkeeping says, and every call waiting on it must fail.
 	watched.arm(silenceLimit * hb)
-	c := &Client{
+	c := &session{
+		client:    client,
 		conn:      conn,
 		opts:      o,
 		heartbeat: hb,
@@ -158,10 +159,15 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	c.probes = &prober{c: c, sem: make(chan struct{}, 1)}
 	c.verifier = &prober{c: c, sem: make(chan struct{}, 1)}
 	c.wakes = newWaker(c)
-	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
-	c.wg.Add(1)
-	go c.watch(closes)
+	c.closes = conn.NotifyClose(make(chan *amqp.Error, 1))
 	return c, nil
+}
+
+// start starts watching the session's connection. Until then, a lost
+// connection goes unnoticed and close would wait forever.
+func (c *session) start() {
+	c.wg.Add(1)
+	go c.watch(c.closes)
 }
 
 func verifyInterval(opt, hb time.Duration) time.Duration {
@@ -231,16 +237,14 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// Heartbeat returns the heartbeat interval negotiated with the broker.
-func (c *Client) Heartbeat() time.Duration { return c.heartbeat }
-
-// watch ends every lease when the connection goes away.
-func (c *Client) watch(closes chan *amqp.Error) {
+// watch ends every lease when the connection goes away, and tells the
+// client, which replaces a lost session.
+func (c *session) watch(closes chan *amqp.Error) {
 	defer c.wg.Done()
 	e, ok := <-closes
-	var cause error = ErrConnectionClosed
+	var cause error = &closedError{}
 	if ok && e != nil {
-		cause = fmt.Errorf("%w: %w", ErrConnectionClosed, e)
+		cause = &closedError{cause: e}
 	}
 	c.mu.Lock()
 	if c.cause == nil {
@@ -248,30 +252,30 @@ func (c *Client) watch(closes chan *amqp.Error) {
 	}
 	c.closed = true
 	cause = c.cause
+	closing := c.closing
 	leases := make([]*Lease, 0, len(c.leases))
 	for l := range c.leases {
 		leases = append(leases, l)
 	}
 	c.mu.Unlock()
+	if !closing {
+		c.client.lost(c, cause)
+	}
 	close(c.done)
 	for _, l := range leases {
 		l.base.End(locks.Lost(cause))
 	}
 }
 
-// Close ends every lease of the client with [locks.ErrLost] and closes its
-// connection, which frees the queues those leases held at the broker.
-// Later calls on the client and its Mutex, Semaphores and Admins return
-// errors matching [locks.ErrClosed]. Close waits for the client's
-// goroutines and is idempotent; it returns the error of closing the
-// connection, if any.
-func (c *Client) Close() error {
+// close ends every lease of the session with [locks.ErrLost] and closes
+// its connection, and waits for its goroutines.
+func (c *session) close() error {
 	c.mu.Lock()
 	if c.cause == nil {
-		c.cause = fmt.Errorf("%w: %w", ErrConnectionClosed, locks.ErrClosed)
+		c.cause = &closedError{client: true}
 	}
 	already := c.closed
-	c.closed = true
+	c.closed, c.closing = true, true
 	c.mu.Unlock()
 	var err error
 	if !already {
@@ -285,19 +289,19 @@ func (c *Client) Close() error {
 	return err
 }
 
-// errClosed returns the error for a call on a closed client, or nil.
-func (c *Client) errClosed() error {
+// errClosed returns the error for a call on a closed session, or nil.
+func (c *session) errClosed() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {
 		return nil
 	}
-	return fmt.Errorf("%w: %w", locks.ErrClosed, c.cause)
+	return asClosed(c.cause)
 }
 
 // goTracked runs f in a goroutine that Close waits for, unless the client
 // is closed.
-func (c *Client) goTracked(f func()) bool {
+func (c *session) goTracked(f func()) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -312,7 +316,7 @@ func (c *Client) goTracked(f func()) bool {
 }
 
 // channel returns an open channel from the pool, or a new one.
-func (c *Client) channel() (*amqp.Channel, error) {
+func (c *session) channel() (*amqp.Channel, error) {
 	for {
 		select {
 		case ch := <-c.pool:
@@ -331,7 +335,7 @@ func (c *Client) channel() (*amqp.Channel, error) {
 }
 
 // putChannel gives ch back to the pool; a broken channel is dropped.
-func (c *Client) putChannel(ch *amqp.Channel) {
+func (c *session) putChannel(ch *amqp.Channel) {
 	if ch.IsClosed() {
 		return
 	}
@@ -346,15 +350,15 @@ func (c *Client) putChannel(ch *amqp.Channel) {
 // channel-level error, amqp.ErrClosed from a channel the broker closed
 // included, leaves the connection and its exclusive queues in place: it is
 // returned as it is.
-func (c *Client) connErr(err error) error {
+func (c *session) connErr(err error) error {
 	if err == nil {
 		return nil
 	}
 	if c.conn.IsClosed() {
 		if cerr := c.errClosed(); cerr != nil {
-			return fmt.Errorf("%w: %w", cerr, err)
+			return cerr
 		}
-		return fmt.Errorf("%w: %w: %w", locks.ErrClosed, ErrConnectionClosed, err)
+		return &closedError{cause: err}
 	}
 	return err
 }
@@ -364,7 +368,7 @@ func (c *Client) connErr(err error) error {
 // fn declared); call waits for that, up to one heartbeat interval (a
 // connection silent for longer is going away with its queues), so that a
 // cancelled call leaves nothing held when it returns ctx's error.
-func (c *Client) call(ctx context.Context, fn func(ch *amqp.Channel) error, undo func()) error {
+func (c *session) call(ctx context.Context, fn func(ch *amqp.Channel) error, undo func()) error {
 	return c.run(ctx, c.heartbeat, func() error {
 		ch, err := c.channel()
 		if err == nil {
@@ -378,7 +382,7 @@ func (c *Client) call(ctx context.Context, fn func(ch *amqp.Channel) error, undo
 // run is call without a pooled channel (fn takes what it needs), and
 // with grace instead of one heartbeat interval as the longest wait for fn
 // after ctx ends (0: no wait).
-func (c *Client) run(ctx context.Context, grace time.Duration, fn func() error, undo func()) error {
+func (c *session) run(ctx context.Context, grace time.Duration, fn func() error, undo func()) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -451,11 +455,11 @@ type holding struct {
 
 // reserve claims queue for this client, so that two of its own calls never
 // both "win" a queue (a connection may redeclare its own exclusive queue).
-func (c *Client) reserve(queue, wakeKey string) (*holding, error) {
+func (c *session) reserve(queue, wakeKey string) (*holding, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, fmt.Errorf("%w: %w", locks.ErrClosed, c.cause)
+		return nil, asClosed(c.cause)
 	}
 	if c.held[queue] != nil {
 		return nil, nil
@@ -465,7 +469,7 @@ func (c *Client) reserve(queue, wakeKey string) (*holding, error) {
 	return h, nil
 }
 
-func (c *Client) unreserve(h *holding) {
+func (c *session) unreserve(h *holding) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.held[h.queue] == h {
@@ -473,7 +477,7 @@ func (c *Client) unreserve(h *holding) {
 	}
 }
 
-func (c *Client) reserved(queue string) bool {
+func (c *session) reserved(queue string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.held[queue] != nil
@@ -482,7 +486,7 @@ func (c *Client) reserved(queue string) bool {
 // declareExclusive declares h's queue, exclusive to this connection. When
 // it fails, h is no longer reserved; when ctx ends first and the declare
 // then succeeds, the queue is deleted.
-func (c *Client) declareExclusive(ctx context.Context, h *holding, args amqp.Table) error {
+func (c *session) declareExclusive(ctx context.Context, h *holding, args amqp.Table) error {
 	return c.call(ctx, func(ch *amqp.Channel) error {
 		_, err := ch.QueueDeclare(h.queue, false, false, true, false, args)
 		if err != nil {
@@ -509,7 +513,7 @@ const freeAttempts = 3
 // not stop the delete: free waits up to a heartbeat interval for it, and
 // returns ctx's error only if it is not done by then. Later calls return
 // the first one's result, waiting for it until their ctx ends.
-func (c *Client) free(ctx context.Context, h *holding) error {
+func (c *session) free(ctx context.Context, h *holding) error {
 	h.mu.Lock()
 	first := !h.freeing
 	h.freeing = true
@@ -563,7 +567,7 @@ func (c *Client) free(ctx context.Context, h *holding) error {
 		err = nil
 	}
 	if err != nil {
-		err = fmt.Errorf("amqpsem: delete queue %q: %w", h.queue, err)
+		err = errorf("amqpsem: delete queue %q: %w", h.queue, err)
 	}
 	h.err = err
 	return err

@@ -73,9 +73,10 @@
 // a crashed holder is noticed by polling with [locks.Backoff].
 //
 // Waiting [Mutex] Locks take turns. A waiting client consumes the shared
-// queue "amqpsem.wake.<name>" (non-exclusive, bound to the wake exchange,
-// deleted by the broker after a minute without consumers; names of more
-// than 242 bytes use "amqpsem.wake-sha256.<hex>"). Mutex and semaphore
+// queue "amqpsem.wake.<name>" (durable, with x-expires: the broker
+// deletes it after a minute without consumers; bound to the wake
+// exchange; names of more than 242 bytes use
+// "amqpsem.wake-sha256.<hex>"). Mutex and semaphore
 // names whose queue would start with these prefixes are refused with
 // [locks.ErrInvalidName]; do not give other queues such names. The
 // broker hands each release's wake-up to one waiting client, in turn,
@@ -132,7 +133,25 @@
 //     administrators may change it at any time. [WithCreate] creates a
 //     missing semaphore on first use.
 //
-// A [Client] is one connection and does not reconnect: when its
-// connection is gone, its leases have ended and its calls return errors
-// matching [locks.ErrClosed].
+// # Connections and RabbitMQ 4
+//
+// A [Client] holds one connection at a time. When it is lost, the leases
+// on it end ([locks.ErrLost], [ErrConnectionClosed]) and stay ended, and
+// the Client dials again with back-off ([WithReconnect]); new calls wait
+// for the new connection until their ctx ends, and
+// [WithConnectionNotice] and [Client.Connected] report the connection's
+// health. Error texts say "amqpsem:" once.
+//
+// RabbitMQ 4 deprecates queues that are neither durable nor exclusive,
+// and from 4.3 refuses them by default with a connection error, which
+// would end every lease on the connection. Of amqpsem's own queues, none
+// is such a queue: slot queues of [DefaultLayout] are durable, holder and
+// mutex queues exclusive, the fan-out wake queue exclusive, and the
+// shared wake queues durable with x-expires. The slot queues of
+// [PythonLayout] are transient and non-exclusive, as the Python client
+// declares them (declaring them otherwise would break sharing): [Admin]
+// declares them on a short-lived connection of its own, so a refusal
+// ends no lease, and reports it as [ErrTransientRefused], naming the
+// broker setting the Python layout needs there
+// (deprecated_features.permit.transient_nonexcl_queues = true).
 package amqpsem

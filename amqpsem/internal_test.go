@@ -36,7 +36,14 @@ func internalClient(t *testing.T) (*Client, string, context.Context) {
 // ConnForTest returns c's connection, for the external tests: a queue
 // exclusive to c can only be declared, and so compared with the
 // arguments it should have, on c's own connection.
-func (c *Client) ConnForTest() *amqp.Connection { return c.conn }
+func (c *Client) ConnForTest() *amqp.Connection { return c.sess().conn }
+
+// sess returns c's live session, for tests that reach into it.
+func (c *Client) sess() *session {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur
+}
 
 func internalName(t *testing.T) string {
 	var b [4]byte
@@ -90,17 +97,17 @@ func TestFreeOnBrokenChannel(t *testing.T) {
 		}
 		// Leave only a poisoned channel in the pool: its publish to a
 		// missing exchange makes the broker close it, a moment later.
-		for len(c.pool) > 0 {
-			_ = (<-c.pool).Close()
+		for len(c.sess().pool) > 0 {
+			_ = (<-c.sess().pool).Close()
 		}
-		ch, err := c.conn.Channel()
+		ch, err := c.sess().conn.Channel()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := ch.Publish(missing, "k", false, false, amqp.Publishing{}); err != nil {
 			t.Fatal(err)
 		}
-		c.putChannel(ch)
+		c.sess().putChannel(ch)
 		if err := l.Release(ctx); err != nil {
 			t.Errorf("round %d: Release on a broken channel: %v", i, err)
 		}
@@ -125,20 +132,20 @@ func TestLostLeaseLetsGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Stall verification, as a broker too slow to answer would.
-	c.verifier.sem <- struct{}{}
-	t.Cleanup(func() { <-c.verifier.sem })
+	c.sess().verifier.sem <- struct{}{}
+	t.Cleanup(func() { <-c.sess().verifier.sem })
 	select {
 	case <-l.Context().Done():
-	case <-time.After(5 * c.heartbeat):
-		t.Fatalf("lease still live %v after its verifications stalled", 5*c.heartbeat)
+	case <-time.After(5 * c.sess().heartbeat):
+		t.Fatalf("lease still live %v after its verifications stalled", 5*c.sess().heartbeat)
 	}
 	if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrLost) {
 		t.Fatalf("cause = %v, want ErrLost", cause)
 	}
-	deadline := time.Now().Add(5 * c.heartbeat)
+	deadline := time.Now().Add(5 * c.sess().heartbeat)
 	for queueExists(t, u, name) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the lost lease's queue %q is still there %v after the lease ended", name, 5*c.heartbeat)
+			t.Fatalf("the lost lease's queue %q is still there %v after the lease ended", name, 5*c.sess().heartbeat)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -161,12 +168,12 @@ func TestVerifyNotStarvedByScans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Release(ctx)
-	c.probes.sem <- struct{}{} // a long scan in progress
-	defer func() { <-c.probes.sem }()
+	c.sess().probes.sem <- struct{}{} // a long scan in progress
+	defer func() { <-c.sess().probes.sem }()
 	select {
 	case <-l.Context().Done():
 		t.Fatalf("lease ended while the prober was busy: %v", context.Cause(l.Context()))
-	case <-time.After(3 * c.heartbeat):
+	case <-time.After(3 * c.sess().heartbeat):
 	}
 	if err := l.(*Lease).Verify(ctx); err != nil {
 		t.Fatalf("Verify while the prober is busy: %v", err)
@@ -186,7 +193,7 @@ func TestTurnsWakeOne(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = w.Close() })
-		sub, leave := w.wakes.takeTurns(ctx, key)
+		sub, leave := w.sess().wakes.takeTurns(ctx, key)
 		if !sub.turns {
 			t.Fatal("takeTurns fell back to fan-out")
 		}
@@ -221,7 +228,7 @@ func TestTurnsWakeOne(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	c.wakes.publish(key, "")
+	c.sess().wakes.publish(key, "")
 	first := settle(1)
 	leaves[first](false) // leaves with its wake-up unused
 	settle(2)

@@ -30,14 +30,14 @@ var ErrSlotRemoved = errors.New("amqpsem: slot removed")
 // A Lease is safe for concurrent use.
 type Lease struct {
 	base      *locks.BaseLease
-	c         *Client
+	c         *session
 	h         *holding
 	slotQueue string // A[L]; "" for a mutex
 }
 
 var _ locks.SlotLease = (*Lease)(nil)
 
-func (c *Client) newLease(ctx context.Context, name string, slot int, slotQueue string, h *holding, sent time.Time) (*Lease, error) {
+func (c *session) newLease(ctx context.Context, name string, slot int, slotQueue string, h *holding, sent time.Time) (*Lease, error) {
 	l := &Lease{c: c, h: h, slotQueue: slotQueue}
 	l.base = locks.NewBaseLease(ctx, locks.LeaseSpec{
 		Name:     name,
@@ -51,7 +51,7 @@ func (c *Client) newLease(ctx context.Context, name string, slot int, slotQueue 
 		c.mu.Unlock()
 		l.base.End(locks.Lost(cause))
 		_ = c.free(context.Background(), h)
-		return nil, fmt.Errorf("%w: %w", locks.ErrClosed, cause)
+		return nil, asClosed(cause)
 	}
 	c.leases[l] = struct{}{}
 	c.mu.Unlock()

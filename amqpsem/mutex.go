@@ -3,7 +3,6 @@ package amqpsem
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
@@ -20,8 +19,25 @@ import (
 // not available to another call of the same client (leases are not
 // reentrant).
 type Mutex struct {
-	c    *Client
+	cl   *Client
+	c    *session // of one call; see bind
 	opts options
+}
+
+// bind returns m bound to the client's live session, for one call,
+// waiting for a reconnection until ctx ends; a bound m is returned as
+// it is.
+func (m *Mutex) bind(ctx context.Context) (*Mutex, error) {
+	if m.c != nil {
+		return m, nil
+	}
+	s, err := m.cl.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b := *m
+	b.c = s
+	return &b, nil
 }
 
 var _ locks.Locker = (*Mutex)(nil)
@@ -34,7 +50,7 @@ func (c *Client) Mutex(opts ...Option) (*Mutex, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Mutex{c: c, opts: o}, nil
+	return &Mutex{cl: c, opts: o}, nil
 }
 
 // derive applies opts on top of the client's options.
@@ -42,10 +58,10 @@ func (c *Client) derive(opts []Option) (options, error) {
 	o := c.opts
 	o.connSet = false
 	if err := locks.Apply(&o, opts); err != nil {
-		return o, fmt.Errorf("amqpsem: %w", err)
+		return o, errorf("amqpsem: %w", err)
 	}
 	if o.connSet {
-		return o, fmt.Errorf("amqpsem: %w", locks.InvalidOption("connection options are given to Dial"))
+		return o, errorf("amqpsem: %w", locks.InvalidOption("connection options are given to Dial"))
 	}
 	return o, nil
 }
@@ -57,6 +73,13 @@ func (c *Client) derive(opts []Option) (options, error) {
 // failure nothing is held; when ctx ends first, the error matches
 // ctx.Err().
 func (m *Mutex) TryLock(ctx context.Context, name string) (locks.Lease, error) {
+	if _, err := m.opts.layout.checkMutexName(name); err != nil {
+		return nil, err
+	}
+	m, err := m.bind(ctx)
+	if err != nil {
+		return nil, errorf("amqpsem: lock %q: %w", name, err)
+	}
 	l, err := m.try(ctx, name, false)
 	if err != nil {
 		return nil, err
@@ -84,6 +107,10 @@ func (m *Mutex) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	q, err := m.opts.layout.checkMutexName(name)
 	if err != nil {
 		return nil, err
+	}
+	m, err = m.bind(ctx)
+	if err != nil {
+		return nil, errorf("amqpsem: lock %q: %w", name, err)
 	}
 	yield := m.c.wakes.waitedAtRelease(ctx, q, m.opts.backoff.Min)
 	if !yield {
@@ -157,7 +184,7 @@ func (m *Mutex) try(ctx context.Context, name string, probeFirst bool) (*Lease, 
 	c := m.c
 	h, err := c.reserve(q, name)
 	if err != nil {
-		return nil, fmt.Errorf("amqpsem: lock %q: %w", name, err)
+		return nil, errorf("amqpsem: lock %q: %w", name, err)
 	}
 	if h == nil {
 		return nil, &locks.HeldError{Name: name, Holder: "this client"}
@@ -196,9 +223,9 @@ func (m *Mutex) held(ctx context.Context, q string) (bool, error) {
 func declareError(op, name, q string, err error) error {
 	switch code := amqpCode(err); {
 	case code == 405: // RESOURCE_LOCKED: another connection owns it
-		return &locks.HeldError{Name: name, Err: fmt.Errorf("amqpsem: queue %q: %w", q, err)}
+		return &locks.HeldError{Name: name, Err: errorf("amqpsem: queue %q: %w", q, err)}
 	case code == 406: // PRECONDITION_FAILED: different arguments
-		return fmt.Errorf("amqpsem: %s %q: queue %q exists with other arguments (another layout?): %w", op, name, q, err)
+		return errorf("amqpsem: %s %q: queue %q exists with other arguments (another layout?): %w", op, name, q, err)
 	}
-	return fmt.Errorf("amqpsem: %s %q: %w", op, name, err)
+	return errorf("amqpsem: %s %q: %w", op, name, err)
 }

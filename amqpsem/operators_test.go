@@ -146,6 +146,7 @@ func TestWaitReleasedEndsWhenHolderLetsGo(t *testing.T) {
 // layout a name is in.
 func TestOneLayoutPerName(t *testing.T) {
 	u, _ := amqpURL(t)
+	needTransient(t, u)
 	ctx := tctx(t)
 	c := dial(t, u)
 	r := rawConn(t, u)
@@ -281,6 +282,7 @@ func TestAcquireWithoutSlotsFailsAtOnce(t *testing.T) {
 // name whose first slot queue would be too long is refused.
 func TestLongPythonNames(t *testing.T) {
 	u, _ := amqpURL(t)
+	needTransient(t, u)
 	ctx := tctx(t)
 	r := rawConn(t, u)
 	c := dial(t, u, amqpsem.WithLayout(amqpsem.PythonLayout))

@@ -11,12 +11,15 @@ import (
 
 type options struct {
 	// Connection options, used by Dial only.
-	heartbeat      time.Duration
-	tls            *tls.Config
-	dial           func(ctx context.Context, network, addr string) (net.Conn, error)
-	connectTimeout time.Duration
-	connName       string
-	connSet        bool // a connection option was given
+	heartbeat        time.Duration
+	tls              *tls.Config
+	dial             func(ctx context.Context, network, addr string) (net.Conn, error)
+	connectTimeout   time.Duration
+	connName         string
+	reconnect        bool
+	reconnectBackoff locks.Backoff
+	connNotice       func(ConnectionEvent)
+	connSet          bool // a connection option was given
 
 	layout       Layout
 	verify       time.Duration // 0: a third of the heartbeat
@@ -41,13 +44,15 @@ type testHooks struct {
 
 func defaults() options {
 	return options{
-		heartbeat:      10 * time.Second,
-		connectTimeout: 30 * time.Second,
-		layout:         DefaultLayout,
-		backoff:        locks.DefaultBackoff,
-		maxAttempts:    10,
-		skew:           20 * time.Millisecond,
-		wakeExchange:   "amq.direct",
+		heartbeat:        10 * time.Second,
+		connectTimeout:   30 * time.Second,
+		reconnect:        true,
+		reconnectBackoff: locks.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second},
+		layout:           DefaultLayout,
+		backoff:          locks.DefaultBackoff,
+		maxAttempts:      10,
+		skew:             20 * time.Millisecond,
+		wakeExchange:     "amq.direct",
 	}
 }
 
@@ -252,6 +257,35 @@ func WithWakeExchange(name string) Option {
 func WithMutexWaitNotice(f func(name string)) Option {
 	return func(o *options) error {
 		o.mutexWait = f
+		return nil
+	}
+}
+
+// WithReconnect sets whether a [Client] whose connection is lost dials
+// again, and the back-off between attempts (see [locks.Backoff.Delay]:
+// doubling from b.Min up to b.Max, jittered). The leases of the lost
+// connection end all the same. Connection option. The default is on,
+// from 100ms up to 10s.
+func WithReconnect(on bool, b locks.Backoff) Option {
+	return func(o *options) error {
+		o.reconnect, o.connSet = on, true
+		if !on {
+			return nil
+		}
+		o.reconnectBackoff = b
+		return b.Check()
+	}
+}
+
+// WithConnectionNotice makes a [Client] call f when its connection is
+// lost, when an attempt to reconnect fails, and when it has connected
+// again (see [ConnectionEvent]): the health signal of a long-lived
+// client. f runs on a goroutine of the client, in order, and must return
+// promptly: [Client.Close] waits for it. Connection option. The default
+// is nil.
+func WithConnectionNotice(f func(ConnectionEvent)) Option {
+	return func(o *options) error {
+		o.connNotice, o.connSet = f, true
 		return nil
 	}
 }

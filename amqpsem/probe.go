@@ -3,7 +3,6 @@ package amqpsem
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -26,7 +25,7 @@ const sweepBatch = 1024
 // pipelined: a batch is published, then its confirms awaited together.
 // Unlike a passive declare, a missing queue does not close the channel.
 type prober struct {
-	c   *Client
+	c   *session
 	sem chan struct{} // one batch at a time
 
 	// Guarded by sem.
@@ -116,7 +115,7 @@ func (p *prober) batch(ctx context.Context, queues []string) ([]bool, error) {
 		if ctx.Err() != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("amqpsem: probe channel: %w", err)
+		return nil, errorf("amqpsem: probe channel: %w", err)
 	}
 	// A caller that gave up left confirms in flight: wait for them, so
 	// that their returns are in the buffer and can be told apart.
@@ -139,7 +138,7 @@ func (p *prober) batch(ctx context.Context, queues []string) ([]bool, error) {
 		})
 		if err != nil {
 			p.pending = dcs
-			return nil, fmt.Errorf("amqpsem: probe %q: %w", q, p.c.connErr(err))
+			return nil, errorf("amqpsem: probe %q: %w", q, p.c.connErr(err))
 		}
 		dcs = append(dcs, dc)
 	}
@@ -163,7 +162,7 @@ func (p *prober) batch(ctx context.Context, queues []string) ([]bool, error) {
 		}
 	}
 	if p.ch.IsClosed() {
-		return nil, fmt.Errorf("amqpsem: probe: %w", p.c.connErr(amqp.ErrClosed))
+		return nil, errorf("amqpsem: probe: %w", p.c.connErr(amqp.ErrClosed))
 	}
 	p.drain(record)
 	return out, nil
@@ -218,7 +217,7 @@ func (p *prober) probe(ctx context.Context, queues ...string) ([]bool, time.Time
 	sent := time.Now()
 	got, err := p.exists(ctx, queues)
 	if err != nil && !errors.Is(err, ctx.Err()) {
-		err = fmt.Errorf("amqpsem: %w", err)
+		err = errorf("amqpsem: %w", err)
 	}
 	return got, sent, err
 }

@@ -69,14 +69,15 @@ func TestFreedAtOnceOnSocketClose(t *testing.T) {
 	}
 }
 
-// TestErrClosedAfterConnectionGone: a Client does not reconnect; once its
-// connection is gone, its calls return errors matching locks.ErrClosed.
+// TestErrClosedAfterConnectionGone: a Client made WithReconnect(false)
+// does not reconnect; once its connection is gone, its calls return
+// errors matching locks.ErrClosed.
 func TestErrClosedAfterConnectionGone(t *testing.T) {
 	u, host := amqpURL(t)
 	name := uniqueName(t, u)
 	ctx := tctx(t)
 	p, via := viaProxy(t, host)
-	c := dial(t, u, via)
+	c := dial(t, u, via, amqpsem.WithReconnect(false, locks.Backoff{}))
 	ls := lockers(t, c)
 	a := admin(t, c)
 	p.Cut()

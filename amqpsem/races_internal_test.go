@@ -141,7 +141,7 @@ func TestRaceRetryLimitAndSkew(t *testing.T) {
 	}
 	t.Logf("skews %v, TryAcquire took %v", skews, took.Round(time.Millisecond))
 	// The rival still holds B[1] from the last race: nothing of ours is.
-	if c.reserved(b1) {
+	if c.sess().reserved(b1) {
 		t.Errorf("the client still reserves %q after giving up", b1)
 	}
 	r.drop(b1)
@@ -227,7 +227,7 @@ func TestSlotRemovedWhileAcquiring(t *testing.T) {
 		if declares != 1 {
 			t.Errorf("%d slots: %d declares, want 1", tc.slots, declares)
 		}
-		if q := DefaultLayout.Holder(name, tc.slots); queueExists(t, u, q) || c.reserved(q) {
+		if q := DefaultLayout.Holder(name, tc.slots); queueExists(t, u, q) || c.sess().reserved(q) {
 			t.Errorf("%d slots: %q of the removed slot is still there", tc.slots, q)
 		}
 	}

@@ -45,9 +45,26 @@ var (
 // A Semaphore is safe for concurrent use; one client may hold several
 // slots of one name.
 type Semaphore struct {
-	c     *Client
+	cl    *Client
+	c     *session // of one call; see bind
 	opts  options
 	admin *Admin
+}
+
+// bind returns s bound to the client's live session, for one call,
+// waiting for a reconnection until ctx ends.
+func (s *Semaphore) bind(ctx context.Context) (*Semaphore, error) {
+	if s.c != nil {
+		return s, nil
+	}
+	sess, err := s.cl.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b := *s
+	b.c = sess
+	b.admin = s.admin.on(sess)
+	return &b, nil
 }
 
 var _ locks.Semaphore = (*Semaphore)(nil)
@@ -60,7 +77,7 @@ func (c *Client) Semaphore(opts ...Option) (*Semaphore, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Semaphore{c: c, opts: o, admin: &Admin{c: c, opts: o, mutex: &Mutex{c: c, opts: o}}}, nil
+	return &Semaphore{cl: c, opts: o, admin: &Admin{cl: c, opts: o, mutex: &Mutex{cl: c, opts: o}}}, nil
 }
 
 // TryAcquire scans the slots of name from 1 as the specification says:
@@ -79,6 +96,13 @@ func (c *Client) Semaphore(opts ...Option) (*Semaphore, error) {
 // error matching [locks.ErrInvalidName] before any I/O. On failure nothing
 // is held; when ctx ends first, the error matches ctx.Err().
 func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, error) {
+	if err := s.opts.layout.checkSemName(name); err != nil {
+		return nil, err
+	}
+	s, err := s.bind(ctx)
+	if err != nil {
+		return nil, errorf("amqpsem: acquire %q: %w", name, err)
+	}
 	l, err := s.try(ctx, name)
 	if err != nil {
 		return nil, err
@@ -96,6 +120,13 @@ func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, e
 // failure nothing is held; when ctx ends first, the error matches
 // ctx.Err().
 func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, error) {
+	if err := s.opts.layout.checkSemName(name); err != nil {
+		return nil, err
+	}
+	s, err := s.bind(ctx)
+	if err != nil {
+		return nil, errorf("amqpsem: acquire %q: %w", name, err)
+	}
 	l, err := s.try(ctx, name)
 	if err == nil {
 		return l, nil
@@ -126,7 +157,7 @@ func (s *Semaphore) try(ctx context.Context, name string) (*Lease, error) {
 	}
 	c := s.c
 	if err := c.errClosed(); err != nil {
-		return nil, fmt.Errorf("amqpsem: acquire %q: %w", name, err)
+		return nil, errorf("amqpsem: acquire %q: %w", name, err)
 	}
 	created := false
 	var lastRace error
@@ -155,7 +186,7 @@ func (s *Semaphore) try(ctx context.Context, name string) (*Lease, error) {
 		b, a := lay.Holder(name, slot), lay.Slot(name, slot)
 		h, err := c.reserve(b, name)
 		if err != nil {
-			return nil, fmt.Errorf("amqpsem: acquire %q: %w", name, err)
+			return nil, errorf("amqpsem: acquire %q: %w", name, err)
 		}
 		if h == nil {
 			continue // another call of this client just took it

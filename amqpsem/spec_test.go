@@ -543,6 +543,7 @@ func TestProxyCut(t *testing.T) {
 // implementation declares.
 func TestPythonLayout(t *testing.T) {
 	u, _ := amqpURL(t)
+	needTransient(t, u)
 	ctx := tctx(t)
 	var b [4]byte
 	_, _ = rand.Read(b[:])

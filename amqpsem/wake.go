@@ -35,7 +35,7 @@ import (
 // so the releasing client learns whether anyone waits (see
 // [waker.waitedAtRelease]).
 type waker struct {
-	c *Client
+	c *session
 
 	mu     sync.Mutex
 	ch     *amqp.Channel
@@ -60,7 +60,7 @@ type waker struct {
 	releasesSweepAt int                 // see sweep
 }
 
-func newWaker(c *Client) *waker {
+func newWaker(c *session) *waker {
 	return &waker{
 		c:        c,
 		subs:     map[string]map[*wakeSub]struct{}{},
@@ -312,7 +312,15 @@ func (w *waker) waitedAtRelease(ctx context.Context, queue string, limit time.Du
 
 // turnArgs are the declare arguments of the shared wake queues: a wake-up
 // nobody takes at once replaces the one before and expires after a
-// second, and a queue goes away after a minute without consumers.
+// second, and a queue goes away after a minute without consumers. The
+// queues are declared durable: RabbitMQ 4 deprecates queues that are
+// neither durable nor exclusive, and from 4.3 refuses them by default,
+// closing the whole connection (every lease on it). A durable queue with
+// x-expires is what RabbitMQ recommends instead; x-expires deletes it all
+// the same, and a broker restart keeps only empty, unused queues, which
+// then expire. A shared wake queue left by an older amqpsem (not
+// durable) is refused with PRECONDITION_FAILED on its channel only: its
+// waiters fall back to waking every waiter until it expires.
 var turnArgs = amqp.Table{"x-max-length": int32(1), "x-message-ttl": int32(1000), "x-expires": int32(60000)}
 
 // The prefixes of the shared wake queues' names. No mutex or semaphore
@@ -381,7 +389,7 @@ func (w *waker) consumeTurns(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		_, err = ch.QueueDeclare(q, false, false, false, false, turnArgs)
+		_, err = ch.QueueDeclare(q, true, false, false, false, turnArgs)
 		if err == nil {
 			err = ch.QueueBind(q, key, w.c.opts.wakeExchange, false, nil)
 		}

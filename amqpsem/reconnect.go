@@ -1,0 +1,290 @@
+package amqpsem
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// Client is a connection to RabbitMQ that its [Mutex], [Semaphore]s and
+// [Admin]s share. Every queue they declare exclusively belongs to the
+// client's current AMQP connection, so every lease they hand out ends
+// when that connection closes, cleanly ([Client.Close]) or not (the
+// broker or the network going away): with [locks.ErrLost] and
+// [ErrConnectionClosed].
+//
+// When its connection is lost, a Client dials again, with the back-off
+// of [WithReconnect] (by default from 100ms up to 10s, jittered), until
+// it connects or is closed; [WithConnectionNotice] reports each loss,
+// failed attempt and recovery, and [Client.Connected] says whether it is
+// connected now. Leases of the lost connection have ended and stay
+// ended: a new connection holds nothing until it acquires again. Calls
+// that start while the client is reconnecting wait for the new
+// connection until their ctx ends (the error then matches ctx.Err());
+// calls in flight when the connection is lost return errors matching
+// [ErrConnectionClosed] (and [locks.ErrClosed]). With
+// WithReconnect(false, ...), a Client whose connection is gone stays
+// gone: every later call returns an error matching [locks.ErrClosed].
+//
+// A Client is safe for concurrent use.
+type Client struct {
+	url  string
+	opts options
+
+	mu      sync.Mutex
+	cur     *session      // the live session; nil while reconnecting
+	last    *session      // the latest session, for Heartbeat
+	ready   chan struct{} // closed once cur is set; replaced when it is lost
+	lostErr error         // why the last session ended, or the last dial failed
+	closed  bool
+	stop    chan struct{}  // closed by Close
+	wg      sync.WaitGroup // reconnection, and draining lost sessions
+}
+
+// ConnectionEvent is a change of a [Client]'s connection, reported to the
+// function given to [WithConnectionNotice].
+type ConnectionEvent struct {
+	// Up is true when the client has connected again.
+	Up bool
+	// Err, when Up is false, says why the connection was lost (Attempt
+	// 0) or why reconnection attempt Attempt failed.
+	Err error
+	// Attempt counts the reconnection attempts since the loss, from 1; it
+	// is 0 for the loss itself.
+	Attempt int
+}
+
+// Dial connects to the RabbitMQ broker at url (amqp:// or amqps://, as
+// [amqp.ParseURI] reads it) and returns a Client. Invalid options return an
+// error matching [locks.ErrInvalidOption] before any I/O. ctx bounds the
+// connection and its handshakes; when it ends first, the error matches
+// ctx.Err(); [WithConnectTimeout] bounds them too. A refused connection
+// or wrong credentials give the broker's error (for credentials, one
+// matching [amqp.ErrCredentials]). Errors never show the URL's password.
+// Dial does not retry: reconnection is for a connection lost later.
+func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
+	o := defaults()
+	if err := locks.Apply(&o, opts); err != nil {
+		return nil, fmt.Errorf("amqpsem: %w", err)
+	}
+	c := &Client{url: url, opts: o, ready: make(chan struct{}), stop: make(chan struct{})}
+	s, err := dialSession(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	c.install(s)
+	return c, nil
+}
+
+// install makes s the client's session and starts watching it; it
+// reports false, and closes s, when the client was closed meanwhile.
+func (c *Client) install(s *session) bool {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		s.start()
+		_ = s.close()
+		return false
+	}
+	c.cur, c.last, c.lostErr = s, s, nil
+	close(c.ready)
+	c.mu.Unlock()
+	s.start()
+	return true
+}
+
+// Heartbeat returns the heartbeat interval negotiated with the broker on
+// the latest connection.
+func (c *Client) Heartbeat() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last.heartbeat
+}
+
+// Connected reports whether the client has a connection now: false while
+// it reconnects, and once it is closed.
+func (c *Client) Connected() bool {
+	c.mu.Lock()
+	s := c.cur
+	c.mu.Unlock()
+	return s != nil && !s.conn.IsClosed()
+}
+
+// session returns the client's live session, waiting for a reconnection
+// until ctx ends.
+func (c *Client) session(ctx context.Context) (*session, error) {
+	for {
+		c.mu.Lock()
+		s, ready, lostErr, closed := c.cur, c.ready, c.lostErr, c.closed
+		c.mu.Unlock()
+		switch {
+		case closed:
+			return nil, &closedError{client: true}
+		case s != nil:
+			return s, nil // if it is dying, its calls say so
+		case !c.opts.reconnect:
+			return nil, asClosed(lostErr)
+		}
+		select {
+		case <-ready:
+		case <-c.stop:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("amqpsem: waiting for the connection to the broker (%v): %w", trimPrefix(lostErr), ctx.Err())
+		}
+	}
+}
+
+// lost is called by s's watch when s's connection was lost, not closed
+// by the client: s's leases are ending; the client reports the loss and
+// reconnects.
+func (c *Client) lost(s *session, cause error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.cur != s {
+		return
+	}
+	c.cur, c.lostErr = nil, cause
+	c.ready = make(chan struct{})
+	c.wg.Add(2)
+	go func() { // Close waits for the lost session's goroutines
+		defer c.wg.Done()
+		<-s.done
+		s.wg.Wait()
+	}()
+	go c.reconnect(cause)
+}
+
+// reconnect reports the loss, then dials with the back-off until it
+// connects or the client is closed.
+func (c *Client) reconnect(cause error) {
+	defer c.wg.Done()
+	c.notify(ConnectionEvent{Err: cause})
+	if !c.opts.reconnect {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-c.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for attempt := 1; ; attempt++ {
+		t := time.NewTimer(c.opts.reconnectBackoff.Delay(attempt - 1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		s, err := dialSession(ctx, c)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			c.mu.Lock()
+			c.lostErr = err
+			c.mu.Unlock()
+			c.notify(ConnectionEvent{Err: err, Attempt: attempt})
+			continue
+		}
+		if c.install(s) {
+			c.notify(ConnectionEvent{Up: true, Attempt: attempt})
+		}
+		return
+	}
+}
+
+func (c *Client) notify(e ConnectionEvent) {
+	if f := c.opts.connNotice; f != nil {
+		f(e)
+	}
+}
+
+// Close ends every lease of the client with [locks.ErrLost], closes its
+// connection, which frees the queues those leases held at the broker,
+// and stops reconnecting. Later calls on the client and its Mutex,
+// Semaphores and Admins return errors matching [locks.ErrClosed]. Close
+// waits for the client's goroutines and is idempotent; it returns the
+// error of closing the connection, if any.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	already := c.closed
+	s := c.cur
+	if !already {
+		c.closed, c.cur = true, nil
+		close(c.stop)
+	}
+	c.mu.Unlock()
+	var err error
+	if !already && s != nil {
+		err = s.close()
+	}
+	c.wg.Wait()
+	return err
+}
+
+// closedError is the error of a call on a connection that is gone: lost
+// ([ErrConnectionClosed]) or closed by [Client.Close]. Both match
+// [locks.ErrClosed].
+type closedError struct {
+	client bool  // closed by Client.Close
+	cause  error // the broker's or the network's reason, if known
+}
+
+func (e *closedError) Error() string {
+	switch {
+	case e.client:
+		return "amqpsem: client closed"
+	case e.cause == nil:
+		return "amqpsem: connection closed"
+	}
+	return "amqpsem: connection closed: " + trimPrefix(e.cause)
+}
+
+func (e *closedError) Is(target error) bool {
+	return target == locks.ErrClosed || target == ErrConnectionClosed && !e.client
+}
+
+func (e *closedError) Unwrap() error { return e.cause }
+
+// asClosed returns cause as a closedError.
+func asClosed(cause error) error {
+	if ce, ok := cause.(*closedError); ok {
+		return ce
+	}
+	return &closedError{cause: cause}
+}
+
+// trimPrefix returns err's text without a leading "amqpsem: ", to wrap it
+// in a message of this package ("" for nil).
+func trimPrefix(err error) string {
+	if err == nil {
+		return ""
+	}
+	return strings.TrimPrefix(err.Error(), "amqpsem: ")
+}
+
+// unprefixed is an error whose text drops a leading "amqpsem: ".
+type unprefixed struct{ error }
+
+func (u unprefixed) Error() string { return trimPrefix(u.error) }
+func (u unprefixed) Unwrap() error { return u.error }
+
+// errorf is [fmt.Errorf] for messages that start with "amqpsem: ": the
+// errors it wraps lose their own "amqpsem: " prefix, so that none is
+// repeated.
+func errorf(format string, a ...any) error {
+	for i, v := range a {
+		if e, ok := v.(error); ok && e != nil {
+			a[i] = unprefixed{e}
+		}
+	}
+	return fmt.Errorf(format, a...)
+}
