@@ -427,6 +427,12 @@ func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grac
 	}
 	cancel()
 	if err != nil {
+		if errors.Is(err, amqpsem.ErrNoSlots) {
+			// The library's message speaks of Admins and WithCreate.
+			msg := strings.SplitN(message(err), " (", 2)[0]
+			fmt.Fprintf(stderr, "amqpsem: acquire %s: %s: create it first (amqpsem create %s SLOTS), or check the name and --layout\n", name, msg, name)
+			return exitError
+		}
 		fmt.Fprintf(stderr, "amqpsem: acquire %s: %s\n", name, message(err))
 		return code(err)
 	}
