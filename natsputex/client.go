@@ -304,6 +304,15 @@ func (c *Client) opContext(ctx context.Context) (context.Context, context.Cancel
 	return context.WithTimeout(ctx, max(c.o.ttl(), time.Second))
 }
 
+// writeContext bounds a write that takes a key like opContext, but is
+// not cancelled with ctx: a write cancelled in flight may still land, and
+// leave the key to a token no lease owns until T has passed. A call whose
+// ctx ends meanwhile waits for the answer (at most max(T, 1s)) and, if
+// the key is won, returns the lease.
+func (c *Client) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return c.opContext(context.WithoutCancel(ctx))
+}
+
 // healthCheck runs the client's health check, if any, bounded by T.
 func (c *Client) healthCheck(ctx context.Context, s State) error {
 	if c.o.health == nil {

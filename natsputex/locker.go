@@ -37,8 +37,12 @@ func (c *Client) Locker() *Locker { return &Locker{c} }
 // by a KV watch on the key.
 //
 // On failure Lock returns an error and holds nothing; when ctx ends first,
-// the error matches ctx.Err(). An invalid key name gives an error matching
-// [locks.ErrInvalidName] before any I/O.
+// the error matches ctx.Err(). A write that would take the key is not
+// interrupted when ctx ends (it could land all the same, and leave the
+// key held by no one for T): Lock then returns once it is answered, at
+// most max(T, 1s) later, with the lease if the write won the key. An
+// invalid key name gives an error matching [locks.ErrInvalidName] before
+// any I/O.
 func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	if err := keys.Check(name); err != nil {
 		return nil, fmt.Errorf("natsputex: lock: %w", err)
@@ -230,7 +234,7 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 		// blanked: try to write over that blank directly, one round trip;
 		// a conflict means someone wrote since.
 		start := time.Now()
-		octx, cancel := c.opContext(ctx)
+		octx, cancel := c.writeContext(ctx)
 		nrev, err := c.st.renew(octx, key, token, blank)
 		cancel()
 		if err == nil {
@@ -252,7 +256,7 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 	}
 	if r.free() {
 		start := time.Now()
-		octx, cancel := c.opContext(ctx)
+		octx, cancel := c.writeContext(ctx)
 		rev, err := c.st.claim(octx, key, token, r)
 		cancel()
 		switch {
@@ -287,7 +291,7 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 		return nil, held(c.o.renew, err)
 	}
 	start := time.Now()
-	octx, cancel = c.opContext(ctx)
+	octx, cancel = c.writeContext(ctx)
 	won, err := c.st.claim(octx, key, token, r)
 	cancel()
 	switch {

@@ -254,3 +254,39 @@ func TestCloseEndsLeasesAndBlanksKeys(t *testing.T) {
 		t.Fatal("the waiting Lock did not return within 2s of Close")
 	}
 }
+
+// TestCancelledLockLeavesNothing: a Lock whose context ends while its
+// write that takes a free key is in flight (the write lands, its answer
+// comes 200ms late through a proxy) either returns the lease or leaves
+// the key free: never a key held by a token no lease owns, which no one
+// could take for T.
+func TestCancelledLockLeavesNothing(t *testing.T) {
+	url := natsenv.StartServer(t).URL()
+	bucket := uniqueBucket("cancelwrite")
+	prepareBucket(t, url, bucket)
+	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
+	slow := newTestClient(t, "nats://"+proxy.Addr(), bucket).Locker()
+	other := newTestClient(t, url, bucket).Locker()
+	proxy.DelayReplies(200 * time.Millisecond)
+	// The read's answer comes at ~200ms, the write is sent then and lands
+	// at once, its answer comes at ~400ms: the context ends in between.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	lease, err := slow.Lock(ctx, "job")
+	proxy.Restore()
+	if err == nil {
+		t.Logf("the Lock returned its lease after its context ended")
+		if err := lease.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		t.Logf("the Lock returned %v", err)
+	}
+	octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer ocancel()
+	l, err := other.TryLock(octx, "job")
+	if err != nil {
+		t.Fatalf("after the cancelled Lock, another client's TryLock: %v", err)
+	}
+	_ = l.Release(octx)
+}
