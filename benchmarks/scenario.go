@@ -23,7 +23,9 @@ const (
 )
 
 // Scenarios returns the scenario names in report order.
-func Scenarios() []string { return []string{Uncontended, Contended, Handoff, Semaphore, Many} }
+func Scenarios() []string {
+	return []string{Uncontended, Contended, Handoff, Semaphore, Many, MixedPriority, HungMinority}
+}
 
 // Params sets how a scenario runs. The zero value of a field means its
 // default.
@@ -161,6 +163,10 @@ func Run(ctx context.Context, sys System, name, scenario string, p Params) (Resu
 		res, err = r.semaphore(ctx)
 	case Many:
 		res, err = r.many(ctx)
+	case MixedPriority:
+		res, err = r.mixedPriority(ctx)
+	case HungMinority:
+		res, err = r.hungMinority(ctx)
 	default:
 		return Result{}, fmt.Errorf("benchmarks: unknown scenario %q (scenarios: %v)", scenario, Scenarios())
 	}

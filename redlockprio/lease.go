@@ -277,9 +277,10 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		late = &lateAnswers{l: l, e: e}
 		defer late.decide(0) // a failed attempt, unless decided otherwise
 		f.late = late.add
+		f.grace = true
 		if size == 1 {
 			f.enough = l.grantDecided
-		} // else wait for all: masters may pick different slots
+		} // else wait for all (but stragglers): masters may pick different slots
 	}
 	fl := *floor
 	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
@@ -295,6 +296,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		held    []grant
 		errs    []error
 		unknown []*master // may have granted: release there too
+		slow    []*master // stragglers: late sees to them until the token is set
 		bySlot  []slotGrants
 	)
 	for _, r := range rs {
@@ -320,7 +322,10 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 			}
 		}
 		errs = append(errs, r.err)
-		if !isClosed(r.err) {
+		switch {
+		case late != nil && errors.Is(r.err, errStraggler):
+			slow = append(slow, r.m) // its answer goes to late
+		case !isClosed(r.err):
 			unknown = append(unknown, r.m)
 		}
 	}
@@ -345,6 +350,9 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 			if !slices.ContainsFunc(rs, func(r result) bool { return r.m == m }) && (late == nil || tokenSet) {
 				others = append(others, m)
 			}
+		}
+		if tokenSet {
+			others = append(others, slow...)
 		}
 		l.abandon(ctx, e, grants, others)
 		if cerr := ctx.Err(); cerr != nil {
@@ -740,7 +748,7 @@ func (l *Locker) deleteKeys(ctx context.Context, e *Lease, ms, unknown []*master
 			}
 		}
 		return nil, nil
-	}, fan{name: e.name, calls: calls, done: cancel})
+	}, fan{name: e.name, calls: calls, done: cancel, grace: true})
 }
 
 // lateAnswers handles the acquire answers that arrive after the outcome
@@ -909,5 +917,5 @@ func (l *Locker) releaseExtra(ctx context.Context, e *Lease, gs []grant) {
 	l.fanout(ctx, ms, func(ctx context.Context, m *master) (any, error) {
 		g := gs[slices.IndexFunc(gs, func(g grant) bool { return g.m == m })]
 		return runScript(ctx, releaseScript, m.c, []string{l.key(e.name, g.slot), e.fence}, e.id, 0, "")
-	}, fan{name: e.name, calls: calls, done: cancel})
+	}, fan{name: e.name, calls: calls, done: cancel, grace: true})
 }

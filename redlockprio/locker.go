@@ -454,7 +454,21 @@ type fan struct {
 	// waits until this Locker's previous one there has returned (see
 	// sequence).
 	name string
+	// grace, if set, bounds the wait for stragglers: once a majority of
+	// the masters called have answered without error, the others are
+	// waited for at most as long again as that took (graceMin at least),
+	// then given errStraggler; their answers go to late. A hung minority
+	// then costs a step a round trip or two, not the call timeout.
+	grace bool
 }
+
+// graceMin is the least wait for stragglers (see fan.grace).
+const graceMin = 2 * time.Millisecond
+
+// errStraggler is the error fanout gives a master that had not answered
+// when a majority had and the grace for the others was over; its answer
+// goes to fan.late.
+var errStraggler = errors.New("redlockprio: no answer within the grace after a majority answered")
 
 // fanState is what the calls of one fanout share with its collector.
 type fanState struct {
@@ -565,15 +579,35 @@ func (l *Locker) fanout(ctx context.Context, ms []*master, step func(ctx context
 	if f.calls != nil {
 		callsDone = f.calls.Done()
 	}
+	var (
+		graceC    <-chan time.Time
+		graceOver bool
+		begun     = time.Now()
+	)
 	decided := false
 	for !decided && len(got) < started {
 		select {
 		case r := <-st.ch:
 			add(r)
 			decided = f.enough != nil && f.enough(got)
+			if f.grace && graceC == nil && !decided {
+				ok := 0
+				for _, r := range got {
+					if r.err == nil {
+						ok++
+					}
+				}
+				if ok >= len(ms)/2+1 {
+					t := time.NewTimer(max(2*time.Since(begun), graceMin))
+					defer t.Stop()
+					graceC = t.C
+				}
+			}
 			continue
 		case <-ctx.Done():
 		case <-callsDone:
+		case <-graceC:
+			graceOver = true
 		}
 		break
 	}
@@ -596,6 +630,9 @@ func (l *Locker) fanout(ctx context.Context, ms []*master, step func(ctx context
 			err := ctx.Err()
 			if err == nil && f.calls != nil {
 				err = f.calls.Err()
+			}
+			if err == nil && graceOver {
+				err = errStraggler
 			}
 			if started < len(ms) && err == nil {
 				err = locks.ErrClosed
