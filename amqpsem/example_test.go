@@ -81,3 +81,27 @@ func ExamplePythonLayout() {
 
 	// Output: jobs-A-1 jobs-B-1
 }
+
+// A long-lived client reconnects by itself after a lost connection;
+// the notice is its health signal. Leases of the lost connection end
+// (their contexts say so): acquire again on the new one.
+func ExampleWithConnectionNotice() {
+	ctx := context.Background()
+	c, err := amqpsem.Dial(ctx, "amqp://guest:guest@127.0.0.1:5672/",
+		amqpsem.WithConnectionNotice(func(e amqpsem.ConnectionEvent) {
+			switch {
+			case e.Up:
+				log.Printf("broker connection back after %d attempts", e.Attempt)
+			case e.Attempt == 0:
+				log.Printf("broker connection lost: %v", e.Err)
+			default:
+				log.Printf("reconnection attempt %d: %v", e.Attempt, e.Err)
+			}
+		}))
+	if err != nil {
+		log.Print(err) // no broker here
+		return
+	}
+	defer c.Close()
+	fmt.Println("connected:", c.Connected())
+}

@@ -319,8 +319,9 @@ func (w *waker) waitedAtRelease(ctx context.Context, queue string, limit time.Du
 // x-expires is what RabbitMQ recommends instead; x-expires deletes it all
 // the same, and a broker restart keeps only empty, unused queues, which
 // then expire. A shared wake queue left by an older amqpsem (not
-// durable) is refused with PRECONDITION_FAILED on its channel only: its
-// waiters fall back to waking every waiter until it expires.
+// durable) is refused with PRECONDITION_FAILED on its channel only: the
+// waiters of that name on this connection then fall back to waking every
+// waiter.
 var turnArgs = amqp.Table{"x-max-length": int32(1), "x-message-ttl": int32(1000), "x-expires": int32(60000)}
 
 // The prefixes of the shared wake queues' names. No mutex or semaphore
