@@ -643,6 +643,7 @@ func (s *Supervisor) expire() {
 		return
 	}
 	s.phase = PhaseStandby
+	s.holder = ""
 	s.mu.Unlock()
 	const why = "no successful write for T minus the safety margin"
 	what := ": service not running"
@@ -656,11 +657,13 @@ func (s *Supervisor) expire() {
 	s.event(PhaseStandby, why+what, nil)
 }
 
-// disarm leaves the holding phases.
+// disarm leaves the holding phases. The next holder seen in standby is
+// reported, even if it carries the agent's own token.
 func (s *Supervisor) disarm(p Phase) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.phase = p
+	s.holder = ""
 	if s.timer != nil {
 		s.timer.Stop()
 	}

@@ -254,7 +254,10 @@ func TestSupervisorStartGetsToken(t *testing.T) {
 // the service at once, and one runs it again within T + C·R + 3R + 1s of
 // the server's return.
 func TestSupervisorServerRestart(t *testing.T) {
-	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+	// Goroutines running now are not the test's; IgnoreCurrent must be
+	// taken now, not in the cleanup, where it would ignore every leak.
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, append(natsenv.ConsumerGoroutines(), ignore)...) })
 	srv := natsenv.StartServer(t)
 	url := srv.URL()
 	bucket := uniqueBucket("suprestart")

@@ -297,7 +297,10 @@ func (w *keyWatch) lastBy(token string, before time.Time) (keyWrite, bool) {
 }
 
 func supervisorEnv(t *testing.T) (url, bucket, key string) {
-	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+	// Goroutines running now are not the test's; IgnoreCurrent must be
+	// taken now, not in the cleanup, where it would ignore every leak.
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, append(natsenv.ConsumerGoroutines(), ignore)...) })
 	url = natsenv.StartServer(t).URL()
 	bucket = uniqueBucket("sup")
 	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
