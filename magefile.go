@@ -203,7 +203,7 @@ type protocolModel struct {
 // each model's header comment gives.
 var protocolModels = []protocolModel{
 	{file: "natsputex_takeover.pml", pan: []string{"-E"}, seeded: []string{"BUGGY"}},
-	{file: "redlockprio_theft.pml", pan: []string{"-E"}, seeded: []string{"BUGGY"}},
+	{file: "redlockprio_theft.pml", cc: []string{"-DCOLLAPSE"}, pan: []string{"-E"}, seeded: []string{"BUGGY"}},
 	{file: "amqpsem_semaphore.pml", cc: []string{"-DCOLLAPSE"}, seeded: []string{"BUGGY", "BUGGY_LAYOUT"}},
 }
 

@@ -2,7 +2,7 @@
  * redlockprio_theft.pml: Redlock with priorities and lock theft
  * (redlockprio's Lock on one name, with its chain of thieves).
  *
- * Check:   spin -a redlockprio_theft.pml && cc -O2 -DSAFETY -o pan pan.c && ./pan -E -m100000
+ * Check:   spin -a redlockprio_theft.pml && cc -O2 -DSAFETY -DCOLLAPSE -o pan pan.c && ./pan -E -m100000
  * Seeded:  spin -DBUGGY -a redlockprio_theft.pml ...   (must report an error)
  * Trail:   spin -DBUGGY -t redlockprio_theft.pml
  *
@@ -11,7 +11,7 @@
  *     dead minority: every call to it fails).
  *   - Three clients with priorities 1, 2 and 3 (a client's id is its
  *     priority), each with its own TTL, SHORT or LONG, chosen at the start;
- *     each makes one Lock at a time of its choosing.
+ *     each makes one Lock at a tick of its choosing (0..STARTMAX-1).
  *   - The acquire script, one atomic step per master, the masters visited
  *     in turn (other clients' scripts interleave between them): it takes a
  *     free or expired key, or steals a key of a strictly lower priority and
@@ -50,7 +50,10 @@
  * TTL (and renewals set it to now + TTL), so the top thief's wait bound, the
  * PTTL of the key it displaced (the middle thief's), can end before the
  * first victim's validity: with p1 on LONG cut off, p2 on SHORT stealing
- * from p1 and p3 stealing from p2, p3 proceeds while p1 still runs.
+ * from p1 and p3 stealing from p2, p3 proceeds while p1 still runs. The
+ * same when the waiting p2 is closed or cut off instead: its keys expire
+ * at its own TTL, and a later client takes the name free, without any
+ * wait, while p1 still runs (both are in issue 16).
  * The fixed rule: a thief's key never expires before the key it displaced
  * would have (max of the two), and renewals never shorten a key, so every
  * displaced holder's validity is covered by the keys that displaced it.
@@ -64,6 +67,8 @@
  * once their victims acknowledged (it leaves them to expire, which only
  * waits longer); WithImmediateAck and WithUnsafeStolenConsistencyFactor.
  * Runs end at the horizon HMAX, so pan runs with -E (no end-state check).
+ * pan is compiled with -DCOLLAPSE (lossless state compression: about 7
+ * million states); -DBFS gives the shortest counterexample.
  */
 
 #define NM     3
@@ -71,7 +76,7 @@
 #define NC     3
 #define SHORT  3
 #define LONG   6
-#define STARTMAX 2
+#define STARTMAX 5
 #define HMAX   8
 #define MAXF   2
 
