@@ -369,11 +369,15 @@ func (s *Supervisor) takeFree(ctx context.Context, r record) {
 	defer cancel()
 	start := time.Now()
 	rev, err := s.c.st.claim(wctx, s.key, s.token, r)
-	if err != nil {
-		if ctx.Err() == nil {
-			s.writeFailed(err)
-			s.abort(ctx, "write failed", err)
-		}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return
+	case isConflict(err):
+		s.event(PhaseStandby, "another agent took the free key first", nil)
+		return
+	case err != nil:
+		s.writeFailed(err)
+		s.abort(ctx, "write failed", err)
 		return
 	}
 	s.mu.Lock()

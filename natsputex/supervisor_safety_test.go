@@ -290,3 +290,59 @@ func TestSupervisorServerRestart(t *testing.T) {
 		t.Fatalf("services overlapped: %v", err)
 	}
 }
+
+// TestSupervisorClusterLeaderRestart: on a 3-node cluster with an R3
+// bucket, restarting the node that leads the bucket's stream never lets
+// two agents run the service at once, and one runs it again within 30s
+// (a generous liveness bound: the figure is logged).
+func TestSupervisorClusterLeaderRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, append(natsenv.ConsumerGoroutines(), ignore)...) })
+	cluster := natsenv.StartCluster(t, 3)
+	urls := cluster.URLs()
+	bucket := uniqueBucket("supcluster")
+	prepareBucket(t, urls, bucket, natsputex.WithReplicas(3))
+	const key = "spof-service"
+	h := contracttest.NewHistory(1)
+	agents := []*agent{
+		startAgent(t, urls, bucket, key, "node-a", h),
+		startAgent(t, urls, bucket, key, "node-b", h),
+	}
+	waitActive(t, 10*time.Second, agents...)
+	kv := mustBucket(t, urls, bucket)
+	for round := range 2 {
+		time.Sleep(3 * testR)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		st, err := kv.Status(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
+		leader := -1
+		for i, s := range cluster.Servers() {
+			if info.Cluster != nil && s.Name() == info.Cluster.Leader {
+				leader = i
+			}
+		}
+		if leader < 0 {
+			t.Fatalf("no stream leader in %+v", info.Cluster)
+		}
+		began := time.Now()
+		if err := cluster.Restart(leader); err != nil {
+			t.Fatal(err)
+		}
+		back := time.Now()
+		active := waitActive(t, 30*time.Second, agents...)
+		t.Logf("round %d: restarting the stream leader %s took %v; %s runs the service %v after it began", round, cluster.Servers()[leader].Name(), back.Sub(began).Round(time.Millisecond), active.name, time.Since(began).Round(time.Millisecond))
+	}
+	for _, a := range agents {
+		a.stop()
+	}
+	if err := h.Check(); err != nil {
+		t.Fatalf("services overlapped: %v", err)
+	}
+}
