@@ -78,7 +78,7 @@ func (h chaosHarness) Capabilities() contracttest.Capabilities {
 // of its own, with the heartbeat and verify interval drawn.
 func (h chaosHarness) NewChaosClient(ctx context.Context, rng *rand.Rand) (contracttest.ChaosClient, error) {
 	hb := time.Duration(1+rng.IntN(int(chaosMaxHeartbeat/time.Second))) * time.Second
-	verify := (chaosMinVerify + time.Duration(rng.Int64N(int64(hb/2-chaosMinVerify)+1))).Round(time.Millisecond)
+	verify := (chaosMinVerify + time.Duration(rng.Int64N(int64(hb/2-chaosMinVerify)+1))).Truncate(time.Millisecond)
 
 	cl := &client{h: h.harness, proxy: testenv.NewProxy(h.t, h.upstream)}
 	h.mu.Lock()

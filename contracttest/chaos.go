@@ -33,6 +33,7 @@ type ChaosConfig struct {
 	Seed uint64
 	// Faults, when set, limits the faults injected to these kinds (among
 	// those the harness supports); nil means every kind it supports.
+	// $CHAOS_FAULTS overrides it.
 	Faults []string
 	// MaxOutage bounds how long a client's link stays faulted (lost or
 	// late replies) and, unless the fault says otherwise, a broker fault
@@ -55,6 +56,12 @@ const ChaosDurationEnv = "LOCKS_CHAOS_DURATION"
 // lengths of the faults. The timing of the brokers and of the scheduler is
 // not reproduced, so a seed makes a failure likely again, not certain.
 const ChaosSeedEnv = "CHAOS_SEED"
+
+// ChaosFaultsEnv names the environment variable that limits the faults
+// of every [RunChaos] run to the kinds it lists, separated by commas
+// (e.g. "crash,lost-replies"), overriding ChaosConfig.Faults: to find
+// which fault a violation needs.
+const ChaosFaultsEnv = "CHAOS_FAULTS"
 
 // chaosDuration is $LOCKS_CHAOS_DURATION or $CHAOS_DURATION when set, else
 // short.
@@ -380,6 +387,9 @@ func newChaosRun(t *testing.T, nh NewHarness, cfg ChaosConfig) *chaosRun {
 	cfg.MaxHold = cmp.Or(cfg.MaxHold, 20*time.Millisecond)
 	cfg.FaultEvery = cmp.Or(cfg.FaultEvery, time.Second)
 	cfg.Seed = chaosSeed(t, cfg.Seed)
+	if v := os.Getenv(ChaosFaultsEnv); v != "" {
+		cfg.Faults = strings.Split(v, ",")
+	}
 	seed := cfg.Seed
 	t.Logf("chaos: seed %d (%s=%d reproduces its random choices)", seed, ChaosSeedEnv, seed)
 	t.Cleanup(func() {
@@ -1242,8 +1252,20 @@ func (r *chaosRun) check() ChaosSummary {
 	return s
 }
 
-// withOptions appends to v the options of every client it names.
+// withOptions appends to v the options of every client it names, and the
+// faults in force around the moment it names.
 func (r *chaosRun) withOptions(v string) string {
+	if at, ok := momentOf(v); ok {
+		var near []string
+		for _, o := range r.outages {
+			if o.from <= at && o.to >= at-bound(r.maxRecovery) {
+				near = append(near, fmt.Sprintf("%s %v-%v", o.kind, o.from.Round(time.Millisecond), o.to.Round(time.Millisecond)))
+			}
+		}
+		if len(near) > 0 {
+			v += "; faults then: " + strings.Join(near, ", ")
+		}
+	}
 	var mix []string
 	for _, cl := range r.all {
 		if cl.opts != "" && (strings.Contains(v, cl.id+"(") || strings.Contains(v, cl.id+" ") || strings.Contains(v, cl.id+"'")) {
@@ -1254,6 +1276,23 @@ func (r *chaosRun) withOptions(v string) string {
 		v += "; options: " + strings.Join(mix, ", ")
 	}
 	return v
+}
+
+// momentOf finds the moment a violation names: after "overlap at ",
+// "crashed at " or " held it ".
+func momentOf(v string) (time.Duration, bool) {
+	for _, key := range []string{"overlap at ", "crashed at ", " held it "} {
+		if _, rest, ok := strings.Cut(v, key); ok {
+			end := strings.IndexAny(rest, ",- ")
+			if end < 0 {
+				end = len(rest)
+			}
+			if d, err := time.ParseDuration(rest[:end]); err == nil {
+				return d, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // tokenRegressions describes the Locks on name that returned a token no

@@ -70,7 +70,7 @@ func (h *chaosHarness) NewChaosClient(ctx context.Context, rng *rand.Rand) (cont
 	f := 1 + rng.IntN(chaosMaxF)
 	c := rng.IntN(chaosMaxC + 1)
 	t := time.Duration(f) * r
-	margin := (time.Millisecond + time.Duration(rng.Int64N(int64(t-2*time.Millisecond)))).Round(time.Millisecond)
+	margin := (time.Millisecond + time.Duration(rng.Int64N(int64(t-2*time.Millisecond)))).Truncate(time.Millisecond)
 
 	u, err := url.Parse(h.srv.URL())
 	if err != nil {

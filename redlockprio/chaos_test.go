@@ -66,7 +66,7 @@ func (h *chaosHarness) NewChaosClient(_ context.Context, rng *rand.Rand) (contra
 	// The renewal interval must be at most (TTL − drift)/3; draw it in
 	// the upper half of what is allowed.
 	most := (ttl - time.Duration(drift*float64(ttl)) - 2*time.Millisecond) / 3
-	renew := (most/2 + time.Duration(rng.Int64N(int64(most/2)))).Round(time.Millisecond)
+	renew := (most/2 + time.Duration(rng.Int64N(int64(most/2)))).Truncate(time.Millisecond)
 	prio := rng.IntN(chaosMaxPrio + 1)
 
 	var link testenv.Proxies
