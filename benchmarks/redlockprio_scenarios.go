@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
 )
 
 // The redlockprio scenarios: how priorities and a hung master change the
@@ -20,7 +22,9 @@ const (
 	// Workers at a higher priority than the others: it takes the name from
 	// them. Ops is hand-offs per second; samples are every Lock's wait.
 	// Metrics: "high_p50_ms", "high_p99_ms" and "high_max_ms" (the higher
-	// priority's Lock waits), "high_per_s" and "low_per_s" (acquisitions).
+	// priority's Lock waits), "high_per_s" and "low_per_s" (acquisitions),
+	// "preempted" (leases taken while held: the thief waited for their
+	// Release).
 	MixedPriority = "mixed-priority"
 	// HungMinority is the contended scenario with the first of N ≥ 3
 	// masters hung (it accepts requests and never answers, as a paused
@@ -86,6 +90,7 @@ func (r *runner) mixedPriority(ctx context.Context) (Result, error) {
 	res.Metrics = map[string]float64{
 		"high_per_s": float64(highN) / out.elapsed.Seconds(),
 		"low_per_s":  float64(len(out.order)-highN) / out.elapsed.Seconds(),
+		"preempted":  float64(out.preempted.Load()),
 	}
 	if len(high) > 0 {
 		res.Metrics["high_p50_ms"] = ms(pct(high, 50))
@@ -142,16 +147,18 @@ type contention struct {
 	waits      []time.Duration // the wait of each acquisition, in that order
 	longestGap time.Duration   // longest time from a release to the next acquisition
 	elapsed    time.Duration
+	preempted  atomic.Int64 // leases taken by a higher priority while held
 }
 
 // contend runs the contended scenario's loop on cs: each client locks the
 // run's name, holds it for Hold, and releases it, until the run ends. A
 // failed Lock fails the run, unless failed is given: it is then counted
-// there and the client tries again.
-func (r *runner) contend(ctx context.Context, cs []Client, failed *atomic.Int64) (contention, error) {
+// there and the client tries again. A lease taken by a higher priority
+// while held is counted in preempted, not a failure.
+func (r *runner) contend(ctx context.Context, cs []Client, failed *atomic.Int64) (*contention, error) {
 	name := r.prefix
 	if err := r.cycle(ctx, cs[0], name); err != nil {
-		return contention{}, err
+		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -161,7 +168,7 @@ func (r *runner) contend(ctx context.Context, cs []Client, failed *atomic.Int64)
 	}
 	var (
 		mu       sync.Mutex
-		out      contention
+		out      = &contention{}
 		errs     []error
 		released time.Time
 		wg       sync.WaitGroup
@@ -203,7 +210,11 @@ func (r *runner) contend(ctx context.Context, cs []Client, failed *atomic.Int64)
 				mu.Lock()
 				released = time.Now()
 				mu.Unlock()
-				if err := r.release(ctx, h); err != nil {
+				if err := r.release(ctx, h); errors.Is(err, locks.ErrPreempted) {
+					// Taken by a higher priority while held: its Release
+					// says so, and let the thief in.
+					out.preempted.Add(1)
+				} else if err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()

@@ -58,6 +58,12 @@ Scenarios:
                renewal round trips per second to the masters, per master per
                tick, and heap per lease (systems with TTL leases only; peers
                are renewed one lease at a time, as their users must)
+  mixed-priority  contended with one of the --workers clients at a higher
+               priority, taking the name from the others (redlockprio only);
+               compare its hand-offs/s with contended's
+  hung-minority   contended with the first of N >= 3 masters hung (accepting
+               requests, never answering) for the whole run (redlockprio/N3,
+               N5 only); compare its hand-offs/s with contended's
 
 Each system runs each scenario for --duration (many: the renewal window).
 With --rounds N everything runs N times, the systems in another order each
