@@ -151,6 +151,13 @@ type Service struct {
 // attempts (nats.ReconnectWait), during which an active agent cannot
 // renew: keep the wait well under R.
 //
+// All agents on a key must use the same R, F and C (natslock's -r, -f and
+// -c): a standby measures the silence after which it takes over by its
+// own T, so one with a shorter T may take the key from a live holder
+// whose renewals are further apart, and both services then run until the
+// holder's next renewal fails. A holder that finds its key taken sooner
+// than its own T after its last write says so.
+//
 // A Supervisor's methods are safe for concurrent use; Run runs once at a
 // time.
 type Supervisor struct {
@@ -276,7 +283,15 @@ func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 		case r.free():
 			s.lose(ctx, r, "the key was blanked or deleted by someone else")
 		default:
-			s.lose(ctx, r, "the key holds another token")
+			why := "the key holds another token"
+			s.mu.Lock()
+			since := time.Since(s.deadline.Add(-s.c.o.validity())) // our last write's start
+			s.mu.Unlock()
+			if T := s.c.o.ttl(); since < T {
+				// No agent with our T could have taken it over yet.
+				why += fmt.Sprintf(", written within %v of this agent's last write, before T = %v: all agents on a key must share R, F and C", since.Round(time.Millisecond), T)
+			}
+			s.lose(ctx, r, why)
 		}
 		return
 	}
