@@ -364,14 +364,7 @@ func (s *Supervisor) confirmFor() time.Duration {
 // takeFree is the path of a free key: health check, write, start the
 // service at once.
 func (s *Supervisor) takeFree(ctx context.Context, r record) {
-	s.mu.Lock()
-	wait, said := time.Until(s.holdOff), s.holdOffMsg
-	s.holdOffMsg = s.holdOffMsg || wait > 0
-	s.mu.Unlock()
-	if wait > 0 {
-		if !said {
-			s.event(PhaseStandby, fmt.Sprintf("Start failed: leaving the free key to the other agents for %v", wait.Round(time.Millisecond)), nil)
-		}
+	if s.heldOff() {
 		return
 	}
 	if err := s.c.healthCheck(ctx, Active); err != nil {
@@ -402,12 +395,28 @@ func (s *Supervisor) takeFree(ctx context.Context, r record) {
 	s.activate(ctx)
 }
 
+// heldOff reports whether the agent leaves the key to the others for now,
+// after its Start failed; it says so once.
+func (s *Supervisor) heldOff() bool {
+	s.mu.Lock()
+	wait, said := time.Until(s.holdOff), s.holdOffMsg
+	s.holdOffMsg = s.holdOffMsg || wait > 0
+	s.mu.Unlock()
+	if wait > 0 && !said {
+		s.event(PhaseStandby, fmt.Sprintf("Start failed: leaving the key to the other agents for %v", wait.Round(time.Millisecond)), nil)
+	}
+	return wait > 0
+}
+
 // takeOwn is the path of a key holding the agent's own token while it
 // does not hold the key: its own last write, or a write whose answer was
 // lost and that may have landed. The agent writes at the revision it read
 // and confirms, as after a takeover: its first write it saw succeed
 // starts the confirmation clock.
 func (s *Supervisor) takeOwn(ctx context.Context, r record, why string) {
+	if s.heldOff() {
+		return
+	}
 	if err := s.c.healthCheck(ctx, Standby); err != nil {
 		if ctx.Err() == nil {
 			s.event(PhaseStandby, "health check failed", err)
