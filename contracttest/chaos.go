@@ -311,6 +311,7 @@ type chaosRun struct {
 	pending    []pendingHeal
 	refill     map[int]time.Time // empty slots, with when refilling first failed
 	brokerDown bool
+	forced     string // the kind of the next fault, if set
 	// brokerGoroutines are the prefixes of the broker faults injected.
 	brokerGoroutines []string
 
@@ -542,8 +543,7 @@ func (r *chaosRun) run() {
 		r.healDue(time.Now())
 		r.refillSlots()
 		if !time.Now().Before(next) && time.Now().Before(end) {
-			r.inject()
-			next = time.Now().Add(r.gap())
+			next = time.Now().Add(r.inject())
 		}
 	}
 	r.healDue(time.Time{})
@@ -997,18 +997,25 @@ func (r *chaosRun) kinds() []string {
 	return kinds
 }
 
-// inject picks one fault and applies it.
-func (r *chaosRun) inject() {
+// inject picks one fault and applies it, and returns the time to the
+// next one. After a holder's crash, half the time the next fault is a
+// broker fault (if the harness has any) within the time the crashed
+// holder's names take to come back: a broker restarted during a takeover.
+func (r *chaosRun) inject() (gap time.Duration) {
+	gap = r.gap()
 	kinds := r.kinds()
+	if r.forced != "" {
+		kinds, r.forced = []string{r.forced}, ""
+	}
 	if len(kinds) == 0 {
-		return
+		return gap
 	}
 	kind := kinds[r.faultRng.IntN(len(kinds))]
 	switch kind {
 	case FaultAbandon:
 		slot := r.pick(anySlot, anyClient)
 		if slot < 0 {
-			return
+			return gap
 		}
 		cl := r.slot(slot)
 		r.count(kind)
@@ -1024,11 +1031,24 @@ func (r *chaosRun) inject() {
 		}
 		slot := r.pick(prefer, anyClient)
 		if slot < 0 {
-			return
+			return gap
 		}
 		r.count(kind)
-		r.stop(r.slot(slot), kind == FaultCrash)
+		cl := r.slot(slot)
+		held := r.stop(cl, kind == FaultCrash)
 		r.setSlot(slot, nil)
+		if held && len(r.brk) > 0 && !r.brokerDown && r.faultRng.IntN(2) == 0 {
+			var brk []string
+			for _, b := range r.brk {
+				if slices.Contains(r.kinds(), b.Kind) {
+					brk = append(brk, b.Kind)
+				}
+			}
+			if len(brk) > 0 {
+				r.forced = brk[r.faultRng.IntN(len(brk))]
+				gap = r.between(0, cl.recovery)
+			}
+		}
 		r.refill[slot] = time.Time{}
 		r.refillSlots()
 	case FaultLostReplies, FaultLateReplies:
@@ -1036,6 +1056,7 @@ func (r *chaosRun) inject() {
 	default:
 		r.faultBroker(kind)
 	}
+	return gap
 }
 
 func (r *chaosRun) count(kind string) {
@@ -1044,8 +1065,9 @@ func (r *chaosRun) count(kind string) {
 	r.mu.Unlock()
 }
 
-// stop crashes (Harness.Kill) or closes cl.
-func (r *chaosRun) stop(cl *chaosClient, crashed bool) {
+// stop crashes (Harness.Kill) or closes cl; it reports whether cl was
+// holding a name when it crashed.
+func (r *chaosRun) stop(cl *chaosClient, crashed bool) (held bool) {
 	if !crashed {
 		// A clean close: the client's sections end before it releases;
 		// its link is healed first, so that it can say goodbye.
@@ -1061,7 +1083,7 @@ func (r *chaosRun) stop(cl *chaosClient, crashed bool) {
 		if err := cl.c.Close(); err != nil {
 			r.t.Logf("closing %s: %v", cl.id, err)
 		}
-		return
+		return false
 	}
 	at := r.now()
 	names, _ := cl.kill()
@@ -1075,6 +1097,7 @@ func (r *chaosRun) stop(cl *chaosClient, crashed bool) {
 	if err := r.h.Kill(r.ctx, cl.c); err != nil {
 		r.t.Errorf("Kill(%s): %v", cl.id, err)
 	}
+	return len(names) > 0
 }
 
 // healOneNow heals p's fault now (its outage already closed).

@@ -43,21 +43,58 @@ func TestChaos(t *testing.T) {
 	srv := natsenv.StartServer(t)
 	bucket := uniqueBucket("chaos")
 	prepareBucket(t, srv.URL(), bucket)
-	nh := newHarnessFunc(srv.URL(), bucket)
+	restart := contracttest.BrokerFault{
+		Kind: "server-restarted",
+		Inject: func(context.Context, *rand.Rand) (func() error, error) {
+			srv.Shutdown()
+			return srv.Restart, nil
+		},
+		Goroutines: []string{"github.com/nats-io/nats-server/"},
+	}
+	runChaos(t, srv.URL(), bucket, []*natsenv.Server{srv}, restart)
+}
+
+// TestChaosCluster is TestChaos on an embedded 3-node cluster with an R3
+// bucket, each client connected to one node; a node is stopped for a
+// while, then restarted (the cluster keeps its quorum).
+func TestChaosCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-node cluster is slow to start")
+	}
+	cluster := natsenv.StartCluster(t, 3)
+	bucket := uniqueBucket("chaos3")
+	prepareBucket(t, cluster.URLs(), bucket, natsputex.WithReplicas(3))
+	servers := cluster.Servers()
+	restart := contracttest.BrokerFault{
+		Kind: "node-restarted",
+		Inject: func(_ context.Context, rng *rand.Rand) (func() error, error) {
+			i := rng.IntN(len(servers))
+			cluster.Stop(i)
+			return func() error { return cluster.Restart(i) }, nil
+		},
+		Goroutines: []string{"github.com/nats-io/nats-server/"},
+	}
+	runChaos(t, cluster.URLs(), bucket, servers, restart)
+}
+
+func runChaos(t *testing.T, urls, bucket string, servers []*natsenv.Server, faults ...contracttest.BrokerFault) {
+	nh := newHarnessFunc(urls, bucket)
 	contracttest.RunChaos(t, func(ctx context.Context, t testing.TB) (contracttest.Harness, error) {
 		h, err := nh(ctx, t)
 		if err != nil {
 			return nil, err
 		}
-		return &chaosHarness{harness: h.(*harness), srv: srv}, nil
+		return &chaosHarness{harness: h.(*harness), servers: servers, faults: faults}, nil
 	}, contracttest.ChaosConfig{Duration: 5 * time.Second, MaxHold: 500 * time.Millisecond})
 }
 
 // chaosHarness is the suite's harness whose chaos clients differ, each
-// connected through a fault proxy of its own (its Link).
+// connected to one of the servers through a fault proxy of its own (its
+// Link).
 type chaosHarness struct {
 	*harness
-	srv *natsenv.Server
+	servers []*natsenv.Server
+	faults  []contracttest.BrokerFault
 }
 
 var (
@@ -72,7 +109,8 @@ func (h *chaosHarness) NewChaosClient(ctx context.Context, rng *rand.Rand) (cont
 	t := time.Duration(f) * r
 	margin := (time.Millisecond + time.Duration(rng.Int64N(int64(t-2*time.Millisecond)))).Truncate(time.Millisecond)
 
-	u, err := url.Parse(h.srv.URL())
+	node := rng.IntN(len(h.servers))
+	u, err := url.Parse(h.servers[node].URL())
 	if err != nil {
 		return contracttest.ChaosClient{}, err
 	}
@@ -94,7 +132,7 @@ func (h *chaosHarness) NewChaosClient(ctx context.Context, rng *rand.Rand) (cont
 	}
 	return contracttest.ChaosClient{
 		Client:        &client{nc: nc, c: cl},
-		Options:       fmt.Sprintf("R=%v F=%d C=%d margin=%v (T=%v)", r, f, c, margin, t),
+		Options:       fmt.Sprintf("R=%v F=%d C=%d margin=%v (T=%v) node=%d", r, f, c, margin, t, node),
 		CrashRecovery: chaosRecovery,
 		Link:          p,
 	}, nil
@@ -108,15 +146,6 @@ func (h *chaosHarness) Capabilities() contracttest.Capabilities {
 	return caps
 }
 
-// BrokerFaults: the server shut down, then restarted on its port with its
+// BrokerFaults: a server shut down, then restarted on its port with its
 // store (the bucket is file-stored, so revisions go on).
-func (h *chaosHarness) BrokerFaults() []contracttest.BrokerFault {
-	return []contracttest.BrokerFault{{
-		Kind: "server-restarted",
-		Inject: func(context.Context, *rand.Rand) (func() error, error) {
-			h.srv.Shutdown()
-			return h.srv.Restart, nil
-		},
-		Goroutines: []string{"github.com/nats-io/nats-server/"},
-	}}
-}
+func (h *chaosHarness) BrokerFaults() []contracttest.BrokerFault { return h.faults }
