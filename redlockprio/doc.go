@@ -39,11 +39,15 @@
 // ErrNotAcquired and Lock waits (TestRefusingMinorityIsContention). A
 // master that has not answered within the per-master call timeout
 // ([WithCallTimeout]; by default TTL/10, at least 200ms, at most 1s)
-// counts as failed for that step, so a paused or hung minority delays a
-// step by that much at most, and only when the live masters split
-// (TestPausedMinorityUnderContention). A semaphore's acquisition waits
-// for every master (up to that timeout), as they may pick different
-// slots. The other masters' calls finish in the background, and at
+// counts as failed for that step. And once a majority of the masters
+// called have answered, the others are waited for at most as long again
+// as that took (2ms at least); their answers are seen to in the
+// background (a grant deleted after a failed attempt, raised to the
+// token after a won one). So a paused or hung minority costs a step
+// nothing when the live masters agree, and a round trip or two when
+// they split (TestPausedMinorityUnderContention; lockbench's
+// hung-minority scenario). A semaphore's acquisition waits for every
+// master but such stragglers, as they may pick different slots. The other masters' calls finish in the background, and at
 // each master the Locker's calls about a name are made in the order it
 // issued them (a lease's release never overtakes its acquire there, nor
 // the next acquire its release). An attempt
