@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/locks/memlock"
 )
@@ -218,4 +220,64 @@ func containsAll(s string, subs []string) bool {
 		}
 	}
 	return true
+}
+
+// TestProxyDelayReplies: with DelayReplies, a request reaches the
+// upstream at once and its reply comes back late; Restore delivers what
+// is held at once. (The chaos runs use it for FaultLateReplies.)
+func TestProxyDelayReplies(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan time.Time, 4)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 1)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+			got <- time.Now()
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	p := testenv.NewProxy(t, ln.Addr().String())
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	roundTrip := func() (reached, replied time.Duration) {
+		start := time.Now()
+		if _, err := c.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		at := <-got
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		return at.Sub(start), time.Since(start)
+	}
+	const d = 300 * time.Millisecond
+	p.DelayReplies(d)
+	reached, replied := roundTrip()
+	if reached >= d || replied < d {
+		t.Errorf("with replies delayed by %v: the request reached the upstream after %v, the reply came after %v", d, reached, replied)
+	}
+	p.DelayReplies(time.Hour)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		p.Restore()
+	}()
+	if _, replied := roundTrip(); replied > 10*time.Second {
+		t.Errorf("Restore did not deliver the held reply: it came after %v", replied)
+	}
 }
