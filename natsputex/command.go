@@ -90,8 +90,10 @@ func CommandService(start, stop string, observe func(Event)) Service {
 // calls setsid, a unit systemd runs) is stopped by the stop command
 // only; a reaper killed with this process (kill -9 of both, a cgroup
 // killed whole) does nothing; a process paused rather than dead is not
-// noticed (fencing tokens are what protect against it). Elsewhere than
-// Unix, [StartCommandReaper] returns an error.
+// noticed (fencing tokens are what protect against it). A group whose
+// processes had all ended may have had its number reused by then: the
+// reaper kills whatever group has that number. Elsewhere than Unix,
+// [StartCommandReaper] returns an error.
 //
 // A CommandReaper is safe for concurrent use.
 type CommandReaper struct {
