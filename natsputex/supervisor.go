@@ -146,10 +146,10 @@ type Service struct {
 // may take over (the package doc says how long Stop may then take).
 //
 // The connection the client uses must reconnect for as long as the agent
-// runs: nats.go gives up after 60 attempts by default
-// (nats.MaxReconnects(-1) keeps trying), and waits 2s between
-// attempts (nats.ReconnectWait), during which an active agent cannot
-// renew: keep the wait well under R.
+// runs: nats.go gives up after 60 attempts by default, and waits 2s
+// between attempts, during which an active agent cannot renew. Connect
+// with [ConnectOptions] (natslock does), and keep the reconnect wait well
+// under R.
 //
 // All agents on a key must use the same R, F and C (natslock's -r, -f and
 // -c): a standby measures the silence after which it takes over by its

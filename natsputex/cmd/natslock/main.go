@@ -105,10 +105,13 @@ Stopping:
   nothing, nor does one on a system without Unix process groups.
 
 NATS connection:
-  natslock reconnects forever by default (-max-reconnects -1; nats.go's own
-  default gives up after 60 attempts) and waits -reconnect-wait between
-  attempts to one server: keep it well under R, or an active node cannot
-  renew until it has reconnected.
+  natslock connects with the options natsputex.ConnectOptions gives: it
+  reconnects forever by default (-max-reconnects -1; nats.go's own default
+  gives up after 60 attempts, and a closed connection ends natslock with
+  status 1), waits -reconnect-wait between attempts to one server (keep it
+  well under R, or an active node cannot renew until it has reconnected),
+  and does not buffer writes while reconnecting (a write then fails at
+  once rather than landing seconds later).
 
 Exit codes:
   0   stopped by SIGTERM, SIGINT or SIGHUP; the service was stopped
@@ -179,7 +182,7 @@ func parse(args []string, stdout, stderr io.Writer) (*config, int) {
 	tlsKey := fs.String("tlskey", "", "TLS client key file")
 	tlsCA := fs.String("tlsca", "", "TLS CA certificate file")
 	replicas := fs.Int("replicas", 1, "replicas of the bucket, if natslock creates it")
-	reconnectWait := fs.Duration("reconnect-wait", 250*time.Millisecond, "time between reconnection attempts to one NATS server")
+	reconnectWait := fs.Duration("reconnect-wait", 100*time.Millisecond, "time between reconnection attempts to one NATS server (plus up to 100ms of jitter, 1s with TLS)")
 	maxReconnects := fs.Int("max-reconnects", -1, "reconnection attempts before natslock gives up and exits; -1: never give up")
 	verbose := fs.Bool("v", false, "verbose: also log each command natslock runs, with its duration and result")
 	quiet := fs.Bool("q", false, "quiet: log only failures and changes of phase")
@@ -233,11 +236,11 @@ func parse(args []string, stdout, stderr io.Writer) (*config, int) {
 	if err := natsputex.CheckSupervisor(cfg.bucket, cfg.key, cfg.token, cfg.opts...); err != nil {
 		return usageErr("%v", err)
 	}
-	cfg.natsOpts = []nats.Option{
-		nats.Name("natslock " + cfg.token),
+	cfg.natsOpts = append(natsputex.ConnectOptions(),
+		nats.Name("natslock "+cfg.token),
 		nats.MaxReconnects(*maxReconnects),
 		nats.ReconnectWait(*reconnectWait),
-	}
+	)
 	if *creds != "" {
 		cfg.natsOpts = append(cfg.natsOpts, nats.UserCredentials(*creds))
 	}
