@@ -218,7 +218,8 @@ func CheckSupervisor(bucket, key, token string, opts ...Option) error {
 func (c *Client) Bucket() string { return c.bucket }
 
 // HolderID returns the identity the client writes in the keys it holds,
-// before each lease's random suffix (see [WithHolderID]).
+// before each lease's random suffix and the client's T (see
+// [WithHolderID]).
 func (c *Client) HolderID() string { return c.o.holderID }
 
 // TTL returns T = F·R: how long a key must go without any write before a
@@ -271,12 +272,31 @@ func (c *Client) bind(ctx context.Context) (context.Context, context.CancelFunc)
 	return ctx, func() { stop(); cancel(nil) }
 }
 
-// newToken returns a value unique to one lease: the holder id and 8
-// random bytes.
+// newToken returns a value unique to one lease: the holder id, 8 random
+// bytes and the client's T, "id/0123456789abcdef/1.2s", so that a client
+// with a shorter T does not take the key over from this one (see
+// [tokenTTL]).
 func (c *Client) newToken() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return c.o.holderID + "/" + hex.EncodeToString(b[:])
+	return c.o.holderID + "/" + hex.EncodeToString(b[:]) + "/" + c.o.ttl().String()
+}
+
+// tokenTTL returns the T a Locker's token (see newToken) carries, or 0 if
+// token is not one (a Supervisor's token, a host name, carries none).
+func tokenTTL(token string) time.Duration {
+	i := strings.LastIndexByte(token, '/')
+	if i < 17 || token[i-17] != '/' {
+		return 0
+	}
+	if _, err := hex.DecodeString(token[i-16 : i]); err != nil {
+		return 0
+	}
+	d, err := time.ParseDuration(token[i+1:])
+	if err != nil || d <= 0 {
+		return 0
+	}
+	return d
 }
 
 // knownBlank returns the revision at which this client left key blank, if

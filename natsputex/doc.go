@@ -11,9 +11,9 @@
 // # Protocol
 //
 // The value of a key is the holder's token: for a Locker, the client's
-// holder id and a random suffix per lease; for a Supervisor, the token its
-// operator gives (the host name). An empty value, a missing key or a
-// deleted key is free. Every write is conditional on the key's revision:
+// holder id, a random suffix per lease and the client's T; for a
+// Supervisor, the token its operator gives (the host name). An empty
+// value, a missing key or a deleted key is free. Every write is conditional on the key's revision:
 // a create when the key does not exist, an update at the revision last
 // read otherwise, so of several agents racing only one can win. Timing is
 // putex's:
@@ -36,7 +36,12 @@
 //     over: the holder's next renewal then fails and ends its lease,
 //     within R, before a taker-over with C >= 1 hands out its own. A call
 //     whose server cannot tell (the clock write fails) watches the key for
-//     a full T itself.
+//     a full T itself. Clients of one name may have different timing: a
+//     call waits for the longer of its own T and the T its holder's token
+//     carries (a Locker's does), so a client with a shorter T never takes
+//     a live holder's key between two of its renewals. A Supervisor's
+//     token (the operator's) carries no T: Supervisors of one key must
+//     share R and F.
 //   - C, the confirmation count ([WithConfirmations]): after a takeover, the
 //     new holder rewrites its token for C intervals before the lease is
 //     handed to the caller (or the Supervisor starts the service); a free key

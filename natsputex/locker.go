@@ -267,7 +267,10 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 		}
 		return c.hold(ctx, name, key, slot, token, rev, rev, start)
 	}
-	T := c.o.ttl()
+	// The holder's T counts when it is longer than this client's: a
+	// holder renews for its own T, and a taker-over that waited less
+	// could take a live holder's key between two of its renewals.
+	T := max(c.o.ttl(), tokenTTL(r.holder))
 	if quiet < T && !r.at.IsZero() && !cl.measured(i, r.rev) {
 		// The first sight of this write by this call (every TryLock's):
 		// ask the server how long ago it was stored, by its own clock,

@@ -290,3 +290,51 @@ func TestCancelledLockLeavesNothing(t *testing.T) {
 	}
 	_ = l.Release(octx)
 }
+
+// TestShorterTWaitsForHolderT: clients of one name may have different
+// timing. A live holder with R = 400ms, F = 3 (T = 1.2s) renews every
+// 400ms; a waiting Lock and a TryLock loop with R = 50ms, F = 2 (T =
+// 100ms) see its key silent for their own T between two renewals, but
+// its token carries its T, and they wait for that: neither gets the key
+// while the holder's lease is live; the waiter gets it once it is
+// released.
+func TestShorterTWaitsForHolderT(t *testing.T) {
+	url := natsenv.StartServer(t).URL()
+	bucket := uniqueBucket("mixedt")
+	prepareBucket(t, url, bucket)
+	holder := newTestClient(t, url, bucket, natsputex.WithRenewInterval(400*time.Millisecond), natsputex.WithFailureThreshold(3))
+	short := []natsputex.Option{natsputex.WithRenewInterval(50 * time.Millisecond), natsputex.WithFailureThreshold(2)}
+	waiter := newTestClient(t, url, bucket, short...).Locker()
+	trier := newTestClient(t, url, bucket, short...).Locker()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	lease, err := holder.Locker().TryLock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := lockBehind(ctx, waiter, "job", lease)
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if l, err := trier.TryLock(ctx, "job"); err == nil {
+			live := lease.Context().Err() == nil
+			_ = l.Release(ctx)
+			t.Fatalf("a TryLock client with T = 100ms took the key of a holder with T = 1.2s (holder live: %t)", live)
+		}
+		select {
+		case g := <-got:
+			if g.err == nil {
+				_ = g.lease.Release(ctx)
+			}
+			t.Fatalf("a waiting Lock with T = 100ms returned while a holder with T = 1.2s held the key (holder live: %t, err %v)", g.otherLive, g.err)
+		default:
+		}
+	}
+	if err := lease.Context().Err(); err != nil {
+		t.Fatalf("the holder's lease ended: %v", context.Cause(lease.Context()))
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if g := mustGrant(t, got); g.otherLive {
+		t.Fatal("double grant")
+	}
+}

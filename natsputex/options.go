@@ -180,8 +180,8 @@ func WithHealthCheck(hc HealthCheck) Option {
 	}
 }
 
-// WithHolderID sets the identity written, with a random suffix per lease,
-// as the value of every key the client holds. It must be non-empty and
+// WithHolderID sets the identity written, with a random suffix per lease
+// and the client's T, as the value of every key the client holds. It must be non-empty and
 // printable. The default is the host name and process id.
 func WithHolderID(id string) Option {
 	return func(o *options) error {
