@@ -105,9 +105,12 @@ const (
 	FaultClose   = "close"   // a client closed (Client.Close), then a new one in its place
 	// FaultLostReplies makes a client's [Link] drop what the broker sends
 	// back for a while, then heals it: requests still run at the broker,
-	// so the step in flight (an acquire, a renewal, a takeover, a release)
-	// has an outcome its client never hears. Needs a [ChaosHarness] whose
-	// clients have a Link.
+	// so a step of the protocol has an outcome its client never hears.
+	// The client is armed, and its replies start being lost when it next
+	// reaches the step drawn: its Lock (the acquire, and a takeover if it
+	// waits), its critical section (the renewals), or its Release. The
+	// summary counts them by step ("lost-replies@release"). Needs a
+	// [ChaosHarness] whose clients have a Link.
 	FaultLostReplies = "lost-replies"
 	// FaultLateReplies makes a client's [Link] hold what the broker sends
 	// back for a while before delivering it, for a while, then heals it:
@@ -304,7 +307,8 @@ type chaosRun struct {
 	cancel context.CancelFunc
 	names  []string
 	start  time.Time
-	broken chan int // slots whose client closed itself, to refill
+	broken chan int        // slots whose client closed itself, to refill
+	fired  chan firedFault // lost replies a worker started, to heal
 
 	// Used by the test's goroutine only.
 	faultRng   *rand.Rand
@@ -370,12 +374,14 @@ type chaosClient struct {
 	ctx      context.Context // ends when the client is crashed or closed
 	cancel   context.CancelFunc
 
-	mu      sync.Mutex
-	dead    bool
-	closed  bool               // it closed itself (ErrClosed): its slot is being refilled
-	faulted bool               // its link is faulted
-	held    map[string]func()  // open sections by name: their exits
-	waiting context.CancelFunc // cancels the Lock in flight, if any
+	mu       sync.Mutex
+	dead     bool
+	closed   bool               // it closed itself (ErrClosed): its slot is being refilled
+	faulted  bool               // its link is faulted
+	armed    string             // the step at which its replies will be lost, if any
+	armedFor time.Duration      // for how long
+	held     map[string]func()  // open sections by name: their exits
+	waiting  context.CancelFunc // cancels the Lock in flight, if any
 }
 
 func newChaosRun(t *testing.T, nh NewHarness, cfg ChaosConfig) *chaosRun {
@@ -414,6 +420,7 @@ func newChaosRun(t *testing.T, nh NewHarness, cfg ChaosConfig) *chaosRun {
 		t: t, cfg: cfg, h: h, caps: caps, leaks: leakOptions(leaks, h), ctx: ctx, cancel: cancel,
 		faultRng:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		broken:      make(chan int, cfg.Clients),
+		fired:       make(chan firedFault, cfg.Clients),
 		refill:      map[int]time.Time{},
 		spans:       map[string][]Span{},
 		open:        map[string]map[*openSection]bool{},
@@ -537,6 +544,8 @@ func (r *chaosRun) run() {
 		select {
 		case slot := <-r.broken:
 			r.refill[slot] = time.Time{}
+		case f := <-r.fired:
+			r.firedFault(f)
 		case <-timer.C:
 		}
 		timer.Stop()
@@ -551,6 +560,16 @@ func (r *chaosRun) run() {
 	over := time.Now()
 	wg.Wait()
 	r.slow("the workers' last sections and Locks", over)
+	for {
+		select {
+		case f := <-r.fired: // fired as the run ended
+			f.long = 0
+			r.firedFault(f)
+			r.healDue(time.Time{})
+		default:
+			return
+		}
+	}
 }
 
 // slow logs what took long since start, when it took over 5s: where a
@@ -671,6 +690,7 @@ func (r *chaosRun) work(slot int, stop <-chan struct{}) {
 			time.Sleep(time.Millisecond) // dead: its slot is being refilled
 			continue
 		}
+		r.reach(cl, stepAcquire, stop)
 		call := r.now()
 		lease, err := cl.l.Lock(ctx, name)
 		ret := r.now()
@@ -680,7 +700,7 @@ func (r *chaosRun) work(slot int, stop <-chan struct{}) {
 			r.lockFailed(slot, cl, err)
 			continue
 		}
-		r.hold(cl, name, lease, call, ret, hold)
+		r.hold(cl, name, lease, call, ret, hold, stop)
 	}
 }
 
@@ -764,7 +784,7 @@ func errKind(err error) string {
 }
 
 // hold runs one critical section of cl on name.
-func (r *chaosRun) hold(cl *chaosClient, name string, lease locks.Lease, call, ret, hold time.Duration) {
+func (r *chaosRun) hold(cl *chaosClient, name string, lease locks.Lease, call, ret, hold time.Duration, stop <-chan struct{}) {
 	token := lease.Token()
 	if r.caps.Fencing {
 		r.mu.Lock()
@@ -776,6 +796,7 @@ func (r *chaosRun) hold(cl *chaosClient, name string, lease locks.Lease, call, r
 	exit, ok := r.enter(cl, name, token, lease)
 	if ok {
 		r.write(cl, name, lease)
+		r.reach(cl, stepHold, stop)
 		select {
 		case <-time.After(hold):
 		case <-lease.Context().Done():
@@ -787,6 +808,7 @@ func (r *chaosRun) hold(cl *chaosClient, name string, lease locks.Lease, call, r
 	if cl.isDead() {
 		return // a crashed process releases nothing
 	}
+	r.reach(cl, stepRelease, stop)
 	rctx, rcancel := context.WithTimeout(context.Background(), opTimeout)
 	_ = lease.Release(rctx) // may fail after a fault: the lease is gone anyway
 	rcancel()
@@ -974,7 +996,7 @@ func anyClient(*chaosClient) bool { return true }
 func hasLink(cl *chaosClient) bool {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
-	return cl.link != nil && !cl.faulted
+	return cl.link != nil && !cl.faulted && cl.armed == ""
 }
 
 func hasDelayer(cl *chaosClient) bool {
@@ -1126,14 +1148,16 @@ func (r *chaosRun) faultLink(kind string) {
 	}
 	cl := r.slot(slot)
 	long := r.between(10*time.Millisecond, r.cfg.MaxOutage)
-	what := fmt.Sprintf("%s for %v", kind, long.Round(time.Millisecond))
 	if kind == FaultLostReplies {
-		cl.link.DropReplies()
-	} else {
-		d := r.between(5*time.Millisecond, r.cfg.MaxOutage/2)
-		what += fmt.Sprintf(" (by %v)", d.Round(time.Millisecond))
-		cl.link.(ReplyDelayer).DelayReplies(d)
+		steps := []string{stepAcquire, stepHold, stepRelease}
+		cl.mu.Lock()
+		cl.armed, cl.armedFor = steps[r.faultRng.IntN(len(steps))], long
+		cl.mu.Unlock()
+		return // its worker starts it at the step, and counts it
 	}
+	d := r.between(5*time.Millisecond, r.cfg.MaxOutage/2)
+	what := fmt.Sprintf("%s for %v (by %v)", kind, long.Round(time.Millisecond), d.Round(time.Millisecond))
+	cl.link.(ReplyDelayer).DelayReplies(d)
 	cl.mu.Lock()
 	cl.faulted = true
 	cl.mu.Unlock()
@@ -1164,11 +1188,65 @@ func (r *chaosRun) faultBroker(kind string) {
 
 // addPending records an outage that started now, to heal after long.
 func (r *chaosRun) addPending(kind string, cl *chaosClient, long time.Duration, heal func() error) {
+	r.addPendingFrom(kind, cl, r.now(), long, heal)
+}
+
+// addPendingFrom records an outage that started at from, to heal long
+// after it.
+func (r *chaosRun) addPendingFrom(kind string, cl *chaosClient, from, long time.Duration, heal func() error) {
 	r.mu.Lock()
-	r.outages = append(r.outages, outage{kind: kind, from: r.now()})
+	r.outages = append(r.outages, outage{kind: kind, from: from})
 	i := len(r.outages) - 1
 	r.mu.Unlock()
-	r.pending = append(r.pending, pendingHeal{at: time.Now().Add(long), kind: kind, cl: cl, heal: heal, outage: i})
+	r.pending = append(r.pending, pendingHeal{at: r.start.Add(from + long), kind: kind, cl: cl, heal: heal, outage: i})
+}
+
+// firedFault records f, to heal in time; a client crashed meanwhile keeps
+// its link as it is (a dead process stays dead).
+func (r *chaosRun) firedFault(f firedFault) {
+	r.addPendingFrom(f.kind, f.cl, f.from, f.long, f.heal)
+	if f.cl.isDead() {
+		r.dropHeal(f.cl)
+	}
+}
+
+// firedFault is a client's lost replies, started by its worker at a step.
+type firedFault struct {
+	kind       string
+	cl         *chaosClient
+	from, long time.Duration
+	heal       func() error
+}
+
+// Steps at which a client's replies are lost.
+const (
+	stepAcquire = "acquire" // its Lock
+	stepHold    = "hold"    // its critical section: renewals
+	stepRelease = "release" // its Release
+)
+
+// reach is called by cl's worker at step: if cl is armed for it, its
+// replies are lost from now on, until the run heals it.
+func (r *chaosRun) reach(cl *chaosClient, step string, stop <-chan struct{}) {
+	cl.mu.Lock()
+	if cl.armed != step || cl.dead {
+		cl.mu.Unlock()
+		return
+	}
+	long := cl.armedFor
+	cl.armed, cl.faulted = "", true
+	cl.mu.Unlock()
+	cl.link.DropReplies()
+	from := r.now()
+	kind := FaultLostReplies + "@" + step
+	r.count(kind)
+	r.t.Logf("chaos: at %v, %s: %s for %v", from.Round(time.Millisecond), cl.id, kind, long.Round(time.Millisecond))
+	f := firedFault{kind: kind + " " + cl.id, cl: cl, from: from, long: long, heal: func() error { cl.link.Restore(); return nil }}
+	select {
+	case r.fired <- f:
+	case <-stop: // the run is over
+		cl.link.Restore()
+	}
 }
 
 // allowance is how long a wait of base that starts at from may take,
