@@ -119,6 +119,11 @@
 //     service and says so, and one that finds its token at a revision it
 //     did not write waits for T without a write, as for any other token
 //     (unless a write of its own lost its answer: see C above).
+//   - Supervisors on one key with different R, F or C (a rolling change)
+//     keep these bounds: each advertises its T and C·R in a key of its
+//     own (see [Supervisor]) before it writes the supervised key, and a
+//     standby waits for the longer T and confirms for the longer C·R of
+//     its own and the holder's. Clients of a [Locker] advertise nothing.
 //   - The fencing token of a Supervisor's hold is the revision of the
 //     write that won the key; [Service.Start] gets it (natslock's start
 //     command as $NATSLOCK_TOKEN).

@@ -2,6 +2,8 @@ package natsputex
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -151,12 +153,15 @@ type Service struct {
 // with [ConnectOptions] (natslock does), and keep the reconnect wait well
 // under R.
 //
-// All agents on a key must use the same R, F and C (natslock's -r, -f and
-// -c): a standby measures the silence after which it takes over by its
-// own T, so one with a shorter T may take the key from a live holder
-// whose renewals are further apart, and both services then run until the
-// holder's next renewal fails. A holder that finds its key taken sooner
-// than its own T after its last write says so.
+// Agents on a key should use the same R, F and C (natslock's -r, -f and
+// -c), but a rolling change of them is safe: when Run begins, before it
+// writes the key, an agent writes its T and C·R in a key of its own,
+// <key>.natsputex-timing.<hash of its token>, and a standby waits for
+// the longer of its own T and the holder's, and confirms for the longer
+// C·R, saying so when the holder's is longer. A holder of another
+// version, or a [Locker] on the same key, advertises nothing: a standby
+// then goes by its own timing, and a holder that finds its key taken
+// sooner than its own T after its last write says so.
 //
 // A Supervisor's methods are safe for concurrent use; Run runs once at a
 // time.
@@ -176,11 +181,14 @@ type Supervisor struct {
 	deadline   time.Time // when our hold runs out without a renewal
 	timer      *time.Timer
 	done       bool
-	holder     string    // last holder reported to Observe
-	pending    bool      // a write's answer was lost: it may have landed
-	holdOff    time.Time // no free key is taken before then (Start failed)
-	holdOffMsg bool      // the hold-off was reported
-	startFails int       // failed Starts in a row
+	holder     string        // last holder reported to Observe
+	pending    bool          // a write's answer was lost: it may have landed
+	holdOff    time.Time     // no free key is taken before then (Start failed)
+	holdOffMsg bool          // the hold-off was reported
+	startFails int           // failed Starts in a row
+	confirmFor time.Duration // how long the current hold confirms: C·R, or a predecessor's longer one
+	advertised bool          // the agent's timing is in its timing key
+	seenTiming string        // the last other agent's timing reported
 
 	svcMu sync.Mutex // serialises Start and Stop
 	up    bool       // the service may be running
@@ -228,6 +236,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.phase, s.done, s.holder, s.lastRev, s.holdRev = PhaseStandby, false, "", 0, 0
 	s.pending, s.holdOff, s.holdOffMsg, s.startFails = false, time.Time{}, false, 0
+	s.confirmFor, s.advertised, s.seenTiming = s.ownConfirm(), false, ""
 	s.mu.Unlock()
 
 	bctx, stop := s.c.bind(ctx)
@@ -257,6 +266,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 // for the final wait.
 func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 	s.retryStop(ctx)
+	if !s.advertise(ctx) {
+		return
+	}
 	rctx, cancel := context.WithTimeout(ctx, s.c.o.renew)
 	r, err := s.c.st.read(rctx, s.key)
 	cancel()
@@ -289,7 +301,7 @@ func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 			s.mu.Unlock()
 			if T := s.c.o.ttl(); since < T {
 				// No agent with our T could have taken it over yet.
-				why += fmt.Sprintf(", written within %v of this agent's last write, before T = %v: all agents on a key must share R, F and C", since.Round(time.Millisecond), T)
+				why += fmt.Sprintf(", written within %v of this agent's last write, before T = %v: an agent that did not read this agent's timing took it", since.Round(time.Millisecond), T)
 			}
 			s.lose(ctx, r, why)
 		}
@@ -330,7 +342,10 @@ func (s *Supervisor) renew(ctx context.Context) {
 	s.mu.Lock()
 	phase, rev, since := s.phase, s.lastRev, s.heldSince
 	s.mu.Unlock()
-	due := phase == PhaseActive || time.Since(since) >= s.confirmFor()
+	s.mu.Lock()
+	confirmFor := s.confirmFor
+	s.mu.Unlock()
+	due := phase == PhaseActive || time.Since(since) >= confirmFor
 	if due {
 		if err := s.c.healthCheck(ctx, Active); err != nil {
 			if ctx.Err() == nil {
@@ -356,9 +371,97 @@ func (s *Supervisor) renew(ctx context.Context) {
 	}
 }
 
-// confirmFor returns C·R, how long a new holder confirms its hold.
-func (s *Supervisor) confirmFor() time.Duration {
+// ownConfirm returns C·R, how long a new holder confirms its hold by the
+// agent's own timing.
+func (s *Supervisor) ownConfirm() time.Duration {
 	return time.Duration(s.c.o.confirm) * s.c.o.renew
+}
+
+// timing is what an agent advertises of its own timing, so that a
+// standby with shorter settings still waits as long as the holder counts
+// on: T, after which a standby may take the key, and C·R, the time a
+// successor confirms (the holder's Stop counts on it).
+type timing struct{ ttl, confirm time.Duration }
+
+func (t timing) String() string { return fmt.Sprintf("T=%v C·R=%v", t.ttl, t.confirm) }
+
+// parseTiming reads what timing.String wrote.
+func parseTiming(v string) (timing, bool) {
+	var ts, cs string
+	if _, err := fmt.Sscanf(v, "T=%s C·R=%s", &ts, &cs); err != nil {
+		return timing{}, false
+	}
+	t, err1 := time.ParseDuration(ts)
+	c, err2 := time.ParseDuration(cs)
+	if err1 != nil || err2 != nil || t <= 0 || c < 0 {
+		return timing{}, false
+	}
+	return timing{t, c}, true
+}
+
+// timingKey returns the key in which the agent with token advertises its
+// timing: the supervised key, ".natsputex-timing." and a hash of the
+// token (tokens may hold characters keys may not).
+func timingKey(key, token string) string {
+	h := sha256.Sum256([]byte(token))
+	return key + ".natsputex-timing." + hex.EncodeToString(h[:8])
+}
+
+// advertise writes the agent's timing in its timing key, once per Run,
+// before the agent writes the supervised key at all: a holder's timing is
+// there for every standby to read. It reports whether it is.
+func (s *Supervisor) advertise(ctx context.Context) bool {
+	s.mu.Lock()
+	done := s.advertised
+	s.mu.Unlock()
+	if done {
+		return true
+	}
+	wctx, cancel := context.WithTimeout(ctx, max(s.c.o.renew, time.Second))
+	defer cancel()
+	own := timing{s.c.o.ttl(), s.ownConfirm()}
+	if _, err := s.c.st.kv.Put(wctx, timingKey(s.key, s.token), []byte(own.String())); err != nil {
+		if ctx.Err() == nil {
+			s.event(PhaseStandby, "cannot advertise this agent's timing; it takes no key until it can", err)
+		}
+		return false
+	}
+	s.mu.Lock()
+	s.advertised = true
+	s.mu.Unlock()
+	return true
+}
+
+// holderTiming returns how long a standby waits for silence before it
+// takes the key from holder, and how long it then confirms: the longer
+// of its own and the holder's advertised timing (its own if the holder
+// advertised none: another version, or a Locker). ok is false if the
+// holder's timing could not be read.
+func (s *Supervisor) holderTiming(ctx context.Context, holder string) (t timing, ok bool) {
+	t = timing{s.c.o.ttl(), s.ownConfirm()}
+	rctx, cancel := context.WithTimeout(ctx, s.c.o.renew)
+	r, err := s.c.st.read(rctx, timingKey(s.key, holder))
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.event(PhaseStandby, "cannot read the holder's timing", err, withHolder(holder, 0))
+		}
+		return t, false
+	}
+	ht, valid := parseTiming(r.holder)
+	if !valid {
+		return t, true
+	}
+	if ht.ttl > t.ttl || ht.confirm > t.confirm {
+		s.mu.Lock()
+		said := s.seenTiming == holder+" "+r.holder
+		s.seenTiming = holder + " " + r.holder
+		s.mu.Unlock()
+		if !said {
+			s.event(PhaseStandby, fmt.Sprintf("the holder's timing (%v) is longer than this agent's (%v): waiting as long as the holder counts on; all agents on a key should share R, F and C", ht, t), nil, withHolder(holder, 0))
+		}
+	}
+	return timing{max(t.ttl, ht.ttl), max(t.confirm, ht.confirm)}, true
 }
 
 // takeFree is the path of a free key: health check, write, start the
@@ -389,7 +492,7 @@ func (s *Supervisor) takeFree(ctx context.Context, r record) {
 		return
 	}
 	s.mu.Lock()
-	s.holdRev, s.heldSince = rev, start
+	s.holdRev, s.heldSince, s.confirmFor = rev, start, s.ownConfirm()
 	s.mu.Unlock()
 	s.wrote(rev, start)
 	s.activate(ctx)
@@ -434,18 +537,19 @@ func (s *Supervisor) takeOwn(ctx context.Context, r record, why string) {
 		}
 		return
 	}
-	s.confirm(ctx, rev, start, why)
+	s.confirm(ctx, rev, start, s.ownConfirm(), why)
 }
 
 // confirm enters PhaseConfirming after the write at rev, begun at start,
-// won the key; with C = 0 it starts the service at once.
-func (s *Supervisor) confirm(ctx context.Context, rev uint64, start time.Time, why string) {
+// won the key; it confirms for confirmFor, and starts the service at once
+// if that is 0.
+func (s *Supervisor) confirm(ctx context.Context, rev uint64, start time.Time, confirmFor time.Duration, why string) {
 	s.mu.Lock()
-	s.phase, s.holdRev, s.heldSince = PhaseConfirming, rev, start
+	s.phase, s.holdRev, s.heldSince, s.confirmFor = PhaseConfirming, rev, start, confirmFor
 	s.mu.Unlock()
 	s.wrote(rev, start)
-	s.event(PhaseConfirming, fmt.Sprintf("%s; confirming for %d interval(s)", why, s.c.o.confirm), nil, withHolder(s.token, rev))
-	if s.c.o.confirm == 0 {
+	s.event(PhaseConfirming, fmt.Sprintf("%s; confirming for %v", why, confirmFor), nil, withHolder(s.token, rev))
+	if confirmFor == 0 {
 		s.activate(ctx)
 	}
 }
@@ -480,7 +584,11 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 		}
 		return
 	}
-	T := s.c.o.ttl()
+	tm, ok := s.holderTiming(ctx, r.holder)
+	if !ok {
+		return
+	}
+	T := tm.ttl
 	var wake <-chan struct{}
 	if w != nil {
 		wake = w.wake
@@ -521,8 +629,8 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 		}
 		return
 	}
-	s.confirm(ctx, rev, start, fmt.Sprintf("took the key over after %v without a write", T))
-	if s.c.o.confirm > 0 {
+	s.confirm(ctx, rev, start, tm.confirm, fmt.Sprintf("took the key over after %v without a write", T))
+	if tm.confirm > 0 {
 		// The next stroke renews: one interval after this write.
 		_ = sleepCtx(ctx, s.c.o.renewEvery())
 	}
@@ -724,7 +832,7 @@ func (s *Supervisor) writeContext(ctx context.Context) (context.Context, context
 // sooner than T + C·R after the agent's last write, which was at the
 // latest when Stop began.
 func (s *Supervisor) stopBudget() time.Duration {
-	return s.c.o.ttl() + s.confirmFor()
+	return s.c.o.ttl() + s.ownConfirm()
 }
 
 // stopService runs Stop if the service may be up, or always when force.

@@ -346,3 +346,41 @@ func TestSupervisorClusterLeaderRestart(t *testing.T) {
 		t.Fatalf("services overlapped: %v", err)
 	}
 }
+
+// TestSupervisorMixedTiming: agents on one key with different timing (a
+// rolling change of natslock's -r and -f): the active node-a has R =
+// 400ms, F = 3, C = 1 (T = 1.2s); the standby node-b R = 50ms, F = 2
+// (T = 100ms). node-b reads node-a's advertised timing and waits as long
+// as node-a counts on: it never takes the key from the live node-a, and
+// once node-a is killed it starts no sooner than node-a's T + C·R
+// (1.6s) after node-a's last write.
+func TestSupervisorMixedTiming(t *testing.T) {
+	url, bucket, key := supervisorEnv(t)
+	writes := watchWrites(t, url, bucket, key)
+	h := contracttest.NewHistory(1)
+	slow := []natsputex.Option{natsputex.WithRenewInterval(400 * time.Millisecond), natsputex.WithFailureThreshold(3), natsputex.WithConfirmations(1)}
+	a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, nil, slow...)
+	waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+	b := startAgentWith(t, url, bucket, key, "node-b", "node-b", h, nil,
+		natsputex.WithRenewInterval(50*time.Millisecond), natsputex.WithFailureThreshold(2), natsputex.WithConfirmations(1))
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if b.running() {
+			t.Fatalf("node-b (T = 100ms) started its service while node-a (T = 1.2s) was alive")
+		}
+	}
+	a.kill()
+	waitFor(t, 5*time.Second, "node-b takes over from the dead node-a", b.running)
+	last, ok := writes.lastBy("node-a", time.Now())
+	if !ok {
+		t.Fatal("the watch saw no write of node-a")
+	}
+	after := b.lastStart().Sub(last.seen)
+	t.Logf("node-b started %v after node-a's last write (node-a's T + C·R = 1.6s)", after.Round(time.Millisecond))
+	if after < 1600*time.Millisecond-25*time.Millisecond {
+		t.Errorf("node-b started %v after node-a's last write, before node-a's T + C·R = 1.6s", after)
+	}
+	b.stop()
+	if err := h.Check(); err != nil {
+		t.Fatalf("services overlapped: %v", err)
+	}
+}

@@ -45,10 +45,11 @@ Usage:
   natslock --help | --version
 
 Every node runs natslock with the same bucket and key and its own token
-(its host name, say): tokens must be distinct. Every node must use the same
--r, -f and -c: a standby waits for its own T, so one with a shorter T takes
-the key from a live node whose renewals are further apart, and both run the
-service until that node's next renewal fails (it then says so). The token is written in the
+(its host name, say): tokens must be distinct. Every node should use the
+same -r, -f and -c; while they differ (a rolling change), each node
+advertises its T and C*R in the key <key>.natsputex-timing.<hash of its
+token>, and a standby waits for the longer T and confirms for the longer
+C*R of its own and the active node's. The token is written in the
 key while the node holds it, so the bucket documents who runs the service.
 
 Timing:
