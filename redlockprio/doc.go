@@ -148,7 +148,9 @@
 // thief's Locker closed, get the name only after the first victim's
 // deadline). The drift allowance of a wait is the waiter's drift factor
 // times the wait, plus 2ms (at least its own TTL's allowance), so a long
-// wait gets a long allowance whatever the waiter's TTL.
+// wait gets a long allowance whatever the waiter's TTL. The cost: a
+// thief that crashes holding keys it took from a longer TTL blocks the
+// name until those keys expire, up to that TTL rather than its own.
 //
 // The acknowledgement means the victim's code has let go: it is sent
 // when the victim calls [Lease.Release] (which [locks.Do] does when its
