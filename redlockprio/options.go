@@ -76,9 +76,10 @@ type Option func(*options) error
 // renewing (after a crash, say), and so the longest a dead holder blocks a
 // name — unless it took the name from a holder of a longer TTL: its keys
 // then keep that holder's remaining PTTL (see the package doc), and a
-// crash blocks the name up to that. A lease is valid for the TTL minus the time the acquisition took
-// minus the drift allowance ([WithDriftFactor]); it is renewed in the
-// background. The default is 10s.
+// crash blocks the name up to that. A lease is valid for the TTL minus
+// the time the acquisition took minus the drift allowance
+// ([WithDriftFactor]); it is renewed in the background. The default is
+// 10s.
 func WithTTL(d time.Duration) Option {
 	return func(o *options) error {
 		o.ttl = d
