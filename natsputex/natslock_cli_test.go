@@ -333,3 +333,34 @@ func TestNatslockStopFailsExit3(t *testing.T) {
 	}
 	waitFor(t, 3*time.Second, "the reaper kills the service", func() bool { gone = processGone(pid); return gone })
 }
+
+// TestNatslockGivesUp: with -max-reconnects 2, a natslock whose server
+// stays down stops its service and exits with status 1, saying why,
+// rather than running on with a closed connection.
+func TestNatslockGivesUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs natslock")
+	}
+	bin := buildNatslock(t)
+	srv := natsenv.StartServer(t)
+	url := srv.URL()
+	bucket := uniqueBucket("natslockgiveup")
+	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
+	p := startNatslock(t, bin, url, bucket, "spof-service", "node-a", "-max-reconnects", "2", "-reconnect-wait", "50ms")
+	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return p.lastState() == "start" })
+	srv.Shutdown()
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("natslock runs on 10s after its connection gave up")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 1 {
+		t.Errorf("exit code after the connection gave up: %d, want 1", code)
+	}
+	if !strings.Contains(p.logs(), "stopped reconnecting") {
+		t.Errorf("natslock did not say why it ended:\n%s", p.logs())
+	}
+	if p.lastState() != "stop" {
+		t.Errorf("the service's state: %q, want stop", p.lastState())
+	}
+}

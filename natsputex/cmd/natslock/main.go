@@ -45,12 +45,12 @@ Usage:
   natslock --help | --version
 
 Every node runs natslock with the same bucket and key and its own token
-(its host name, say): tokens must be distinct. Every node should use the
-same -r, -f and -c; while they differ (a rolling change), each node
-advertises its T and C*R in the key <key>.natsputex-timing.<hash of its
-token>, and a standby waits for the longer T and confirms for the longer
-C*R of its own and the active node's. The token is written in the
+(its host name, say): tokens must be distinct. The token is written in the
 key while the node holds it, so the bucket documents who runs the service.
+Every node should use the same -r, -f and -c; while they differ (a rolling
+change), each node advertises its T and C*R in the key
+<key>.natsputex-timing.<hash of its token>, and a standby waits for the
+longer T and confirms for the longer C*R of its own and the active node's.
 
 Timing:
   R  lock renewal interval (-r): how often the active node runs its health
@@ -285,6 +285,10 @@ func versionString() string {
 // supervise connects and runs the Supervisor until ctx ends. Its error
 // matches [natsputex.ErrStopFailed] when the last stop failed.
 func supervise(ctx context.Context, cfg *config, logger *log.Logger) error {
+	// A connection that gives up reconnecting (-max-reconnects) ends the
+	// run: the Supervisor stops the service, and natslock exits 1.
+	ctx, closed := context.WithCancelCause(ctx)
+	defer closed(nil)
 	var reaper *natsputex.CommandReaper
 	if cfg.start != "" {
 		var err error
@@ -310,7 +314,7 @@ func supervise(ctx context.Context, cfg *config, logger *log.Logger) error {
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
 			if ctx.Err() == nil {
-				logger.Printf("natslock: key=%s NATS connection closed: %v", cfg.key, nc.LastError())
+				closed(fmt.Errorf("the NATS connection closed (it stopped reconnecting): %v", nc.LastError()))
 			}
 		}),
 	)
@@ -346,11 +350,14 @@ func supervise(ctx context.Context, cfg *config, logger *log.Logger) error {
 	}
 	logger.Printf("natslock: key=%s token=%q T=%v: running", cfg.key, cfg.token, client.TTL())
 	err = sup.Run(ctx)
+	cause := context.Cause(ctx)
 	switch {
 	case errors.Is(err, natsputex.ErrStopFailed):
 		return err
 	case err != nil && ctx.Err() == nil:
 		return err
+	case cause != nil && !errors.Is(cause, context.Canceled):
+		return cause
 	}
 	return nil
 }
