@@ -520,7 +520,8 @@ func (c *Client) watch(ctx context.Context, name string, ks []string, cl *clocks
 		var bg sync.WaitGroup
 		defer bg.Wait()
 		defer c.st.nc.RemoveStatusListener(reconnected)
-		bg.Go(func() { drain(kw) })
+		first := kw // the closure must not see kw replaced below
+		bg.Go(func() { drain(first) })
 		var retry <-chan time.Time
 		for {
 			select {
