@@ -593,6 +593,7 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 	if w != nil {
 		wake = w.wake
 	}
+	every := s.c.o.renewEvery()
 	for {
 		rev, quiet := cl.last(0)
 		if rev != r.rev {
@@ -601,7 +602,10 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 		if quiet >= T {
 			break
 		}
-		t := time.NewTimer(T - quiet)
+		// Look again every stroke: a new write ends this stroke, so that
+		// the next one reads the key (and the holder's timing) soon after
+		// the holder's last write, not up to T later.
+		t := time.NewTimer(min(T-quiet, every))
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -47,16 +47,20 @@ func otherAgents(a *agent, agents ...*agent) []*agent {
 // once: it starts only after C full intervals of its own writes that it
 // saw succeed, so no sooner than C·R after the takeover write landed
 // (C = 8 here: 800ms, far above the time it takes to reconnect and read
-// the key again).
+// the key again). F = 10 (T = 1s) leaves node-b time to read the key
+// before its replies are dropped at T/2, even on a loaded machine. (The
+// code before this test re-read the key only every T in standby, so its
+// last read could fall after T/2 and the takeover never came: dropping at
+// T − R/2 instead, it started its service 121–173ms after the write.)
 func TestSupervisorLostTakeoverReply(t *testing.T) {
-	const C = 8
+	const C, F = 8, 10
 	url, bucket, key := supervisorEnv(t)
 	writes := watchWrites(t, url, bucket, key)
 	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
 	h := contracttest.NewHistory(1)
-	a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, nil, natsputex.WithConfirmations(C))
+	a := startAgentWith(t, url, bucket, key, "node-a", "node-a", h, nil, natsputex.WithConfirmations(C), natsputex.WithFailureThreshold(F))
 	waitFor(t, 5*time.Second, "node-a starts its service", a.running)
-	b := startAgentWith(t, "nats://"+proxy.Addr(), bucket, key, "node-b", "node-b", h, nil, natsputex.WithConfirmations(C))
+	b := startAgentWith(t, "nats://"+proxy.Addr(), bucket, key, "node-b", "node-b", h, nil, natsputex.WithConfirmations(C), natsputex.WithFailureThreshold(F))
 	waitFor(t, 5*time.Second, "node-b is standby", func() bool {
 		return b.sawEvent(func(e natsputex.Event) bool { return e.Holder == "node-a" })
 	})
@@ -64,16 +68,16 @@ func TestSupervisorLostTakeoverReply(t *testing.T) {
 	a.kill()
 	// node-b takes over T after node-a's last write; drop its replies
 	// from halfway there, once that write has reached node-b.
-	time.Sleep(time.Until(writes.lastWrite().Add(testF * testR / 2)))
+	time.Sleep(time.Until(writes.lastWrite().Add(F * testR / 2)))
 	proxy.DropReplies()
-	waitFor(t, 3*testF*testR+time.Second, "node-b's takeover write reaches the key", func() bool {
+	waitFor(t, 3*F*testR+time.Second, "node-b's takeover write reaches the key", func() bool {
 		_, ok := writes.firstBy("node-b")
 		return ok
 	})
 	takeover, _ := writes.firstBy("node-b")
 	time.Sleep(testR / 2) // node-b's write times out
 	proxy.Restore()
-	waitFor(t, (testF+C+4)*testR+2*time.Second, "node-b starts its service", b.running)
+	waitFor(t, (F+C+4)*testR+2*time.Second, "node-b starts its service", b.running)
 	after := b.lastStart().Sub(takeover.created)
 	t.Logf("node-b's takeover write (revision %d) lost its answer; node-b started its service %v after that write (C·R = %v)",
 		takeover.rev, after.Round(time.Millisecond), C*testR)
@@ -374,10 +378,15 @@ func TestSupervisorMixedTiming(t *testing.T) {
 	if !ok {
 		t.Fatal("the watch saw no write of node-a")
 	}
-	after := b.lastStart().Sub(last.seen)
+	// From the broker's time of the write (same machine), which no agent
+	// can see before: the test's own watch may deliver it late.
+	after := b.lastStart().Sub(last.created)
 	t.Logf("node-b started %v after node-a's last write (node-a's T + C·R = 1.6s)", after.Round(time.Millisecond))
-	if after < 1600*time.Millisecond-25*time.Millisecond {
+	if after < 1600*time.Millisecond {
 		t.Errorf("node-b started %v after node-a's last write, before node-a's T + C·R = 1.6s", after)
+	}
+	if !b.sawEvent(func(e natsputex.Event) bool { return strings.Contains(e.Msg, "after 1.2s without a write; confirming for 400ms") }) {
+		t.Error("node-b did not take over after node-a's T and confirm for node-a's C·R")
 	}
 	b.stop()
 	if err := h.Check(); err != nil {
