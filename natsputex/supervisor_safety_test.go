@@ -385,7 +385,9 @@ func TestSupervisorMixedTiming(t *testing.T) {
 	if after < 1600*time.Millisecond {
 		t.Errorf("node-b started %v after node-a's last write, before node-a's T + C·R = 1.6s", after)
 	}
-	if !b.sawEvent(func(e natsputex.Event) bool { return strings.Contains(e.Msg, "after 1.2s without a write; confirming for 400ms") }) {
+	if !b.sawEvent(func(e natsputex.Event) bool {
+		return strings.Contains(e.Msg, "after 1.2s without a write; confirming for 400ms")
+	}) {
 		t.Error("node-b did not take over after node-a's T and confirm for node-a's C·R")
 	}
 	b.stop()
