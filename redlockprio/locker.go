@@ -309,6 +309,12 @@ func (l *Locker) wait(ctx context.Context, name string, size int) (locks.Lease, 
 	// in between is not missed).
 	var floor uint64
 	lease, err := l.acquire(ctx, name, size, &floor)
+	if cerr := ctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
+		// ctx ended while the attempt failed for another reason (it was
+		// robbed while it waited for its victim, say): say ctx's error,
+		// as locks.Wait does.
+		return nil, fmt.Errorf("redlockprio: lock %q: %w (the attempt: %v)", name, cerr, err)
+	}
 	if err == nil || !errors.Is(err, locks.ErrNotAcquired) || ctx.Err() != nil {
 		return lease, err
 	}
