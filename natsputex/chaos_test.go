@@ -54,6 +54,30 @@ func TestChaos(t *testing.T) {
 	runChaos(t, srv.URL(), bucket, []*natsenv.Server{srv}, restart)
 }
 
+// TestChaosBinary is TestChaos on the nats-server program on the PATH
+// (the 2.9 server of the README's supported list), run as a process of its
+// own and restarted the same way.
+func TestChaosBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the chaos run takes seconds")
+	}
+	srv := natsenv.StartBinaryServer(t)
+	t.Logf("nats-server %s (%s)", srv.Version(), srv.Binary())
+	bucket := uniqueBucket("chaosbin")
+	prepareBucket(t, srv.URL(), bucket)
+	restart := contracttest.BrokerFault{
+		Kind: "server-restarted",
+		Inject: func(context.Context, *rand.Rand) (func() error, error) {
+			srv.Shutdown()
+			return srv.Restart, nil
+		},
+		// natsenv asks the restarted process's monitoring port whether it
+		// is healthy: an idle keep-alive connection of that client stays.
+		Goroutines: []string{"net/http.(*persistConn)"},
+	}
+	runChaos(t, srv.URL(), bucket, []*natsenv.Server{srv}, restart)
+}
+
 // TestChaosCluster is TestChaos on an embedded 3-node cluster with an R3
 // bucket, each client connected to one node; a node is stopped for a
 // while, then restarted (the cluster keeps its quorum).
