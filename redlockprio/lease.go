@@ -405,37 +405,58 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		switch {
 		case !slices.ContainsFunc(rs, func(r result) bool { return r.m == m }):
 			pending = append(pending, m)
-		case slices.ContainsFunc(grants, func(g grant) bool { return g.m == m && g.counter >= token }),
-			slices.ContainsFunc(held, func(g grant) bool { return g.m == m && g.counter >= token }):
+		case slices.ContainsFunc(won, func(g grant) bool { return g.m == m && g.counter >= token }):
+			// Only a counter set with our key in place records the token:
+			// a thief's grant there comes after it. A master that answered
+			// "held" (or granted another slot) with a high counter does
+			// not: a thief may hold it since before and have stolen our
+			// keys elsewhere, where the counters were lower.
 			atToken++
 		default:
 			lower = append(lower, m)
 		}
 	}
 	if atToken < l.quorum {
-		// Rare: the masters' counters differ (one restarted, say). Raise
-		// every master not known to have the token, and wait for enough.
+		// The masters' counters differ (failed attempts and split votes
+		// raise some only; one restarted, say). Raise every master not
+		// known to have the token, and wait for enough that still hold
+		// our key as they record it (raiseScript checks, atomically): a
+		// higher priority may have taken the key between our grant and
+		// this write-back, its token read from the counter before it was
+		// raised, and our notice of it may come only after Lock returned.
 		need := l.quorum - atToken
+		slotKey := keys[best.slot]
+		recorded := func(r result) bool {
+			v, ok := r.val.(int64)
+			return r.err == nil && ok && v >= 0 && uint64(v) >= token
+		}
 		wcalls, wcancel := context.WithTimeout(context.WithoutCancel(ctx), l.callTO)
 		wrs := l.fanout(ctx, append(lower, pending...), func(ctx context.Context, m *master) (any, error) {
-			return runScript(ctx, raiseScript, m.c, []string{e.fence}, token)
+			return runScript(ctx, raiseScript, m.c, []string{e.fence, slotKey}, token, e.id)
 		}, fan{enough: func(rs []result) bool {
 			n := 0
 			for _, r := range rs {
-				if v, ok := r.val.(int64); r.err == nil && ok && uint64(v) >= token {
+				if recorded(r) {
 					n++
 				}
 			}
 			return n >= need
 		}, done: wcancel, calls: wcalls})
+		taken := false // a master that granted no longer holds our key
 		for _, r := range wrs {
-			if n, ok := r.val.(int64); r.err == nil && ok && uint64(n) >= token {
+			switch v, _ := r.val.(int64); {
+			case recorded(r):
 				atToken++
-			} else if r.err != nil {
+			case r.err != nil:
 				errs = append(errs, r.err)
+			case v < 0 && slices.ContainsFunc(won, func(g grant) bool { return g.m == r.m }):
+				taken = true
 			}
 		}
 		if atToken < l.quorum {
+			if taken {
+				return fail(&locks.HeldError{Name: name, Err: errors.New("redlockprio: taken by another holder before the token was recorded")})
+			}
 			return fail(&QuorumError{Got: atToken, Need: l.quorum, Errs: errs})
 		}
 	} else {

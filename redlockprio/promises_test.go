@@ -258,8 +258,8 @@ func TestHungMinorityDoesNotDelaySteps(t *testing.T) {
 }
 
 // raiseHook delays or fails, on one go-redis client, the calls of the
-// script that raises a fence counter: the only script the package runs
-// with one key (EVALSHA/EVAL sha 1 {name}:fence token). The delay applies
+// script that raises a fence counter (raiseScript, by its SHA1; see
+// scriptOf). The delay applies
 // to the EVALSHA only, so that a call that falls back to EVAL (NOSCRIPT)
 // is delayed once.
 type raiseHook struct {
@@ -268,12 +268,7 @@ type raiseHook struct {
 }
 
 func isRaise(cmd redis.Cmder) bool {
-	args := cmd.Args()
-	switch strings.ToLower(cmd.Name()) {
-	case "evalsha", "eval":
-		return len(args) >= 4 && fmt.Sprint(args[2]) == "1" && strings.HasSuffix(fmt.Sprint(args[3]), "}:fence")
-	}
-	return false
+	return scriptOf(cmd) == "raise"
 }
 
 func (h *raiseHook) DialHook(next redis.DialHook) redis.DialHook { return next }

@@ -131,11 +131,16 @@ return deleted
 `)
 
 // raiseScript raises the fence counter KEYS[1] to at least ARGV[1] and
-// returns its value.
+// returns its value. With a slot key KEYS[2] and a holder id ARGV[2] (an
+// acquisition writing its token back), it returns -1 instead when that
+// key is not the holder's (a thief took it, or it is gone): the counter
+// then does not record the token for the holder, since a thief's grant
+// may have read it before it was raised.
 var raiseScript = redis.NewScript(`
 local c = tonumber(redis.call('GET', KEYS[1]) or '0')
 local tok = tonumber(ARGV[1])
 if c < tok then redis.call('SET', KEYS[1], tok); c = tok end
+if KEYS[2] and redis.call('HGET', KEYS[2], 'id') ~= ARGV[2] then return -1 end
 return c
 `)
 
