@@ -254,18 +254,36 @@ func retryBusy(ctx context.Context, cas func() (uint64, error)) (uint64, error) 
 // Clocks of other machines are never consulted.
 type silence struct {
 	rev      uint64
+	at       time.Time // the server's time of the write at rev, if known
 	since    time.Time
 	blank    bool // the write at rev, seen by the watch, left the key blank
 	measured bool // the server's clock has told the write's age (backdate)
+	// reborn is when the key was last seen to vanish (a missing key where
+	// a revision was seen) or to go back to a lower revision written
+	// later (the bucket deleted and made again, a memory bucket lost,
+	// the stream purged, messages aged out): a holder of the key's past
+	// may still believe it holds it, so a free key counts as held until
+	// T after (see rebornHold).
+	reborn time.Time
+	held   timing // the longest T and C·R holders' values read by this call carried
 }
 
-// see records that rev was observed now, restarting the clock if rev is
-// newer than anything seen. Older revisions (a stale read from a replica)
-// are ignored.
-func (s *silence) see(rev uint64, now time.Time) {
-	if s.since.IsZero() || rev > s.rev {
-		s.rev, s.since, s.blank, s.measured = rev, now, false, false
+// see records that rev, stored at at by the server's clock (zero when
+// unknown or when the key is missing), was observed now. Any change of
+// revision restarts the clock, a lower one too: a late delivery of an
+// older write (by a watch behind a read) only delays a takeover, while a
+// lower revision may also be a write to a bucket made again, whose
+// revisions restart from 1. A lower revision that is a missing key, or
+// whose write is not known to be older than the one seen, marks the key
+// reborn.
+func (s *silence) see(rev uint64, at, now time.Time) {
+	if !s.since.IsZero() && rev == s.rev {
+		return
 	}
+	if !s.since.IsZero() && rev < s.rev && (rev == 0 || at.IsZero() || s.at.IsZero() || at.After(s.at)) {
+		s.reborn = now
+	}
+	s.rev, s.at, s.since, s.blank, s.measured = rev, at, now, false, false
 }
 
 // quiet returns how long the key has been seen unchanged at rev, or 0 if
@@ -277,6 +295,12 @@ func (s *silence) quiet(rev uint64, now time.Time) time.Duration {
 	return now.Sub(s.since)
 }
 
+// rebornHold reports whether the key was seen reborn (see silence) less
+// than T, or the longest T a holder's value carried, ago.
+func (s *silence) rebornHold(T time.Duration, now time.Time) bool {
+	return !s.reborn.IsZero() && now.Sub(s.reborn) < max(T, s.held.ttl)
+}
+
 // clocks are the takeover clocks of one waiting call, one per key, shared
 // between the call and its watch. It is safe for concurrent use.
 type clocks struct {
@@ -286,13 +310,40 @@ type clocks struct {
 
 func newClocks(n int) *clocks { return &clocks{s: make([]silence, n)} }
 
-// see records rev on key i and returns how long it has been quiet since.
-func (c *clocks) see(i int, rev uint64) time.Duration {
+// see records rev, stored at at, on key i and returns how long it has
+// been quiet since.
+func (c *clocks) see(i int, rev uint64, at time.Time) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
-	c.s[i].see(rev, now)
+	c.s[i].see(rev, at, now)
 	return c.s[i].quiet(rev, now)
+}
+
+// noteTiming records that a holder's value read on key i carried t.
+func (c *clocks) noteTiming(i int, t timing) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := &c.s[i].held
+	h.ttl, h.confirm = max(h.ttl, t.ttl), max(h.confirm, t.confirm)
+}
+
+// rebornHold reports whether key i was seen to vanish, or its revision
+// to go back, less than T (or the longest T a holder's value carried)
+// ago: a free key then counts as held, and is taken only after T of
+// silence.
+func (c *clocks) rebornHold(i int, T time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.s[i].rebornHold(T, time.Now())
+}
+
+// longest returns the longest T and C·R holders' values read on key i
+// carried.
+func (c *clocks) longest(i int) timing {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.s[i].held
 }
 
 // measured reports whether the age of the write at rev on key i has been
@@ -323,26 +374,34 @@ func (c *clocks) backdate(i int, rev uint64, age time.Duration) time.Duration {
 }
 
 // seeBlank records that the watch saw key i left blank by the write at
-// rev.
-func (c *clocks) seeBlank(i int, rev uint64) {
+// rev, stored at at.
+func (c *clocks) seeBlank(i int, rev uint64, at time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.s[i].see(rev, time.Now())
-	if c.s[i].rev == rev {
-		c.s[i].blank = true
+	sl := &c.s[i]
+	prev, seen, reborn := sl.rev, !sl.since.IsZero(), sl.reborn
+	sl.see(rev, at, time.Now())
+	// A blank older than a write already seen (a watch behind a read) is
+	// no blank; one in a bucket made again is, once T has passed.
+	if !seen || rev >= prev || !sl.reborn.Equal(reborn) {
+		sl.blank = true
 	}
 }
 
 // takeBlank returns the revision at which key i was last seen left blank,
-// if no newer write has been seen since, and forgets it: one attempt may
-// write over that blank without reading the key first.
-func (c *clocks) takeBlank(i int) (uint64, bool) {
+// if no other write has been seen since and the key is not held as
+// reborn (see rebornHold, for T), and forgets it: one attempt may write
+// over that blank without reading the key first.
+func (c *clocks) takeBlank(i int, T time.Duration) (uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.s[i].blank {
 		return 0, false
 	}
 	c.s[i].blank = false
+	if c.s[i].rebornHold(T, time.Now()) {
+		return 0, false
+	}
 	return c.s[i].rev, true
 }
 

@@ -70,7 +70,11 @@ type Client struct {
 
 // New returns a Client on bucket, creating the bucket if it does not exist
 // (with [WithReplicas] and [WithStorage]; an existing bucket is used as it
-// is). The bucket name and every option are checked before any I/O: a
+// is, unless its stream drops a key's last write by itself: a TTL (max
+// age) shorter than T + C·R, or limits that discard the oldest messages
+// when the stream is full. Such a bucket is refused with an error
+// matching [locks.ErrInvalidOption] that names it and its TTL or limits:
+// it would free a quiet holder's key while it is held). The bucket name and every option are checked before any I/O: a
 // bad bucket name gives an error matching [locks.ErrInvalidName], a bad
 // option one matching [locks.ErrInvalidOption]. While JetStream cannot
 // answer (a stream or meta leader being elected, a server restarting),
@@ -177,7 +181,11 @@ func openOnce(ctx context.Context, js jetstream.JetStream, bucket string, o *opt
 		}
 		replicas := 1
 		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
-			replicas = bs.StreamInfo().Config.Replicas
+			cfg := bs.StreamInfo().Config
+			replicas = cfg.Replicas
+			if err := o.checkBucket(bucket, cfg); err != nil {
+				return nil, what, err
+			}
 		}
 		return kv, what, o.checkServer(bucket, version, replicas)
 	case errors.Is(err, jetstream.ErrBucketNotFound):
@@ -196,6 +204,26 @@ func openOnce(ctx context.Context, js jetstream.JetStream, bucket string, o *opt
 		return kv, what, err
 	}
 	return nil, what, err
+}
+
+// checkBucket refuses an existing bucket whose stream drops a key's
+// last write by itself: a holder's key would vanish between two of its
+// renewals, or while it is cut off, and look free to a client that has
+// not seen it before, which takes it at once. A TTL (MaxAge) drops a
+// quiet key MaxAge after its last write: the bucket is refused unless
+// that is at least T + C·R after it, when a holder's hold has ended and a
+// Supervisor's Stop has had its time (see the package doc). Limits on
+// the stream's messages or bytes that discard the oldest messages drop a
+// quiet key as others are written: refused whatever their size.
+func (o *options) checkBucket(bucket string, cfg jetstream.StreamConfig) error {
+	need := o.ttl() + time.Duration(o.confirm)*o.renew
+	if cfg.MaxAge > 0 && cfg.MaxAge < need {
+		return locks.InvalidOption("bucket %q has a TTL (max age) of %v, shorter than this client's T + C·R = %v: a holder's key could vanish, and be taken, while its hold or its service's stop is still under way; use a bucket without a TTL, or one of at least %v", bucket, cfg.MaxAge, need, need)
+	}
+	if cfg.Discard == jetstream.DiscardOld && (cfg.MaxMsgs > 0 || cfg.MaxBytes > 0) {
+		return locks.InvalidOption("bucket %q discards its oldest messages when full (max messages %d, max bytes %d): a quiet holder's key could vanish, and be taken, while it is held; use a bucket that refuses new writes when full (discard new, as KV buckets are made)", bucket, cfg.MaxMsgs, cfg.MaxBytes)
+	}
+	return nil
 }
 
 // CheckSupervisor reports, without any I/O, whether [New] would accept

@@ -10,10 +10,11 @@
 //
 // # Protocol
 //
-// The value of a key is the holder's token: for a Locker, the client's
-// holder id, a random suffix per lease and the client's T; for a
-// Supervisor, the token its operator gives (the host name). An empty
-// value, a missing key or a deleted key is free. Every write is conditional on the key's revision:
+// The value of a key is the holder's token and its timing: for a Locker,
+// the client's holder id, a random suffix per lease and the client's T;
+// for a Supervisor, the token its operator gives (the host name), a
+// newline and its T and C·R ("node-a\nT=3s C·R=1s"). An empty value, a
+// missing key or a deleted key is free. Every write is conditional on the key's revision:
 // a create when the key does not exist, an update at the revision last
 // read otherwise, so of several agents racing only one can win. Timing is
 // putex's:
@@ -36,12 +37,16 @@
 //     over: the holder's next renewal then fails and ends its lease,
 //     within R, before a taker-over with C >= 1 hands out its own. A call
 //     whose server cannot tell (the clock write fails) watches the key for
-//     a full T itself. Clients of one name may have different timing: a
-//     call waits for the longer of its own T and the T its holder's token
-//     carries (a Locker's does), so a client with a shorter T never takes
-//     a live holder's key between two of its renewals. A Supervisor's
-//     token (the operator's) carries no T: Supervisors of one key must
-//     share R and F.
+//     a full T itself. The clock restarts whenever the key's revision
+//     changes, to a lower one too (a bucket made again counts from 1).
+//     Clients of one name may have different timing: a call waits for the
+//     longer of its own T and the T its holder's value carries, and
+//     confirms for the longer of its own C·R and the holder's (a
+//     Supervisor's value carries it), so a client with a shorter T never
+//     takes a live holder's key between two of its renewals. The timing
+//     is read with the holder, in the same write: no other key holds it,
+//     so nothing can overwrite or lose it apart from the holder's own
+//     write.
 //   - C, the confirmation count ([WithConfirmations]): after a takeover, the
 //     new holder rewrites its token for C intervals before the lease is
 //     handed to the caller (or the Supervisor starts the service); a free key
@@ -119,11 +124,45 @@
 //     service and says so, and one that finds its token at a revision it
 //     did not write waits for T without a write, as for any other token
 //     (unless a write of its own lost its answer: see C above).
-//   - Supervisors on one key with different R, F or C (a rolling change)
-//     keep these bounds: each advertises its T and C·R in a key of its
-//     own (see [Supervisor]) before it writes the supervised key, and a
-//     standby waits for the longer T and confirms for the longer C·R of
-//     its own and the holder's. Clients of a [Locker] advertise nothing.
+//   - Supervisors on one key with different R, F or C (a rolling change),
+//     or given the same token by mistake, keep these bounds: each writes
+//     its T and C·R in the key's value, after its token, and a standby
+//     waits for the longer T and confirms for the longer C·R of its own
+//     and the holder's (TestSupervisorMixedTiming,
+//     TestAttackDuplicateTokenMixedTiming). Earlier versions advertised
+//     them in keys of their own, which two agents of one token, a Locker
+//     or a lost bucket could overwrite or drop
+//     (TestAttackTimingKeyTakenByLocker,
+//     TestAttackTimingLostWithMemoryBucket); agents of those versions and
+//     of this one must share R, F and C during an upgrade.
+//   - A key that vanishes, or whose revision goes back to a later write
+//     (its bucket deleted and made again, a memory bucket whose servers
+//     all restarted, the stream purged, a TTL) is not free at once to a
+//     caller that saw it before: a waiting call, or a running Supervisor,
+//     that saw the key counts it as held for T (or the longest T a
+//     holder's value it read carried), and takes it only after T of
+//     silence and C·R of confirmation, as a dead holder's
+//     (TestAttackRecreatedBucketSupervisor,
+//     TestAttackTimingLostWithMemoryBucket). The old holder's next
+//     renewal fails (a write at its revision, which the new bucket does
+//     not have), so it learns within R. What remains: a client that never
+//     saw the key (a process started after the bucket was made again, a
+//     TryLock, the first attempt of a Lock) finds it missing and takes it
+//     at once, while the old holder may hold it for up to R more (and a
+//     Supervisor's service run until its Stop ends); fencing tokens count
+//     from 1 again, so they do not order the two; and a holder's write,
+//     conditional on a revision of the old bucket, would land should the
+//     new bucket's key reach that very revision first. Do not delete a
+//     bucket in use: stop its clients first, or wait T + C·R after the
+//     last of them stopped.
+//   - [New] refuses an existing bucket that drops a key's last write by
+//     itself, with an error matching [locks.ErrInvalidOption] that names
+//     the bucket: a TTL (max age) shorter than the client's T + C·R, or
+//     limits on its messages or bytes that discard the oldest messages
+//     (TestAttackBucketWithTTL). Such a bucket would free a quiet
+//     holder's key, missing, to a client that takes it at once. New
+//     checks the bucket when it opens it only: a bucket changed later is
+//     not checked again.
 //   - The fencing token of a Supervisor's hold is the revision of the
 //     write that won the key; [Service.Start] gets it (natslock's start
 //     command as $NATSLOCK_TOKEN).
@@ -141,6 +180,11 @@
 //
 // # Where it differs from putex
 //
+//   - putex's key holds the agent's token. A Supervisor writes its T and
+//     C·R after it, on a second line, so that agents with different
+//     timing, or with the same token, wait as long as the holder counts
+//     on (see above); [Event.Holder] and natslock's log show the token
+//     alone.
 //   - putex renews every R even with F = 1, when a renewal is due just as
 //     a waiter may take over. Here a holder trusts its hold for T minus the
 //     margin only, and renews twice within that when R would not fit (see

@@ -227,7 +227,7 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 	token := c.newToken()
 	blank, ok := c.knownBlank(key)
 	if !ok {
-		blank, ok = cl.takeBlank(i)
+		blank, ok = cl.takeBlank(i, c.o.ttl())
 	}
 	if ok {
 		// This client blanked the key last, or this call's watch saw it
@@ -250,11 +250,21 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 	if err != nil {
 		return nil, fmt.Errorf("natsputex: %q: read %q: %w", name, key, err)
 	}
-	quiet := cl.see(i, r.rev)
+	quiet := cl.see(i, r.rev, r.at)
 	held := func(retry time.Duration, err error) *locks.HeldError {
 		return &locks.HeldError{Name: name, Holder: r.holder, RetryAfter: retry, Err: err}
 	}
-	if r.free() {
+	// The holder's timing counts when it is longer than this client's: a
+	// holder renews for its own T, and a taker-over that waited less
+	// could take a live holder's key between two of its renewals. A
+	// Locker's token carries its T, a Supervisor's value its T and C·R.
+	_, ht, _ := parseValue(r.holder)
+	cl.noteTiming(i, ht)
+	// A free key is taken at once, unless this call saw it vanish or its
+	// revision go back (the bucket made again) less than T ago: a holder
+	// of the key's past may still hold it, so it is taken as a held key,
+	// after T of silence.
+	if r.free() && !cl.rebornHold(i, c.o.ttl()) {
 		start := time.Now()
 		octx, cancel := c.writeContext(ctx)
 		rev, err := c.st.claim(octx, key, token, r)
@@ -267,10 +277,10 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 		}
 		return c.hold(ctx, name, key, slot, token, rev, rev, start)
 	}
-	// The holder's T counts when it is longer than this client's: a
-	// holder renews for its own T, and a taker-over that waited less
-	// could take a live holder's key between two of its renewals.
-	T := max(c.o.ttl(), tokenTTL(r.holder))
+	if r.free() {
+		ht = cl.longest(i) // a holder of the key's past: the longest seen
+	}
+	T := max(c.o.ttl(), ht.ttl)
 	if quiet < T && !r.at.IsZero() && !cl.measured(i, r.rev) {
 		// The first sight of this write by this call (every TryLock's):
 		// ask the server how long ago it was stored, by its own clock,
@@ -304,7 +314,7 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 		return nil, fmt.Errorf("natsputex: %q: take over %q: %w", name, key, err)
 	}
 	rev := won
-	for range c.o.confirmSteps() {
+	for range c.o.confirmSteps(ht.confirm) {
 		if err = sleepCtx(ctx, c.o.renewEvery()); err != nil {
 			break
 		}
@@ -506,9 +516,9 @@ func (c *Client) watch(ctx context.Context, name string, ks []string, cl *clocks
 				continue
 			}
 			if e.Operation() == jetstream.KeyValuePut && len(e.Value()) == 0 {
-				cl.seeBlank(i, e.Revision())
+				cl.seeBlank(i, e.Revision(), e.Created())
 			} else {
-				cl.see(i, e.Revision())
+				cl.see(i, e.Revision(), e.Created())
 			}
 			if e.Operation() != jetstream.KeyValuePut || len(e.Value()) == 0 {
 				wake()

@@ -328,7 +328,7 @@ func TestNatslockStopFailsExit3(t *testing.T) {
 		t.Errorf("natslock did not say that the stop failed:\n%s", l)
 	}
 	kv := mustBucket(t, url, bucket)
-	if e, err := kv.Get(context.Background(), key); err != nil || string(e.Value()) != "node-a" {
+	if e, err := kv.Get(context.Background(), key); err != nil || valueToken(e.Value()) != "node-a" {
 		t.Errorf("the key after a failed last stop: %v %v; want node-a's token, not blanked", e, err)
 	}
 	waitFor(t, 3*time.Second, "the reaper kills the service", func() bool { gone = processGone(pid); return gone })

@@ -77,9 +77,10 @@ func (o *options) validity() time.Duration { return o.ttl() - o.margin }
 func (o *options) renewEvery() time.Duration { return min(o.renew, o.validity()/2) }
 
 // confirmSteps returns how many writes of renewEvery apart fill the C
-// intervals of R a new holder confirms a takeover for.
-func (o *options) confirmSteps() int {
-	total, p := time.Duration(o.confirm)*o.renew, o.renewEvery()
+// intervals of R a new holder confirms a takeover for, or at least, if
+// longer, the holder's C·R (a Supervisor's value carries it).
+func (o *options) confirmSteps(atLeast time.Duration) int {
+	total, p := max(time.Duration(o.confirm)*o.renew, atLeast), o.renewEvery()
 	return int((total + p - 1) / p)
 }
 
@@ -204,8 +205,8 @@ func WithBackoff(b locks.Backoff) Option {
 }
 
 // WithReplicas sets the number of replicas of the bucket when [New]
-// creates it (1 to 5; use 3 on a cluster). An existing bucket is used as it
-// is. The default is 1.
+// creates it (1 to 5; use 3 on a cluster). An existing bucket keeps its
+// own (see [New] for what it checks). The default is 1.
 func WithReplicas(n int) Option {
 	return func(o *options) error {
 		o.replicas = n

@@ -2,8 +2,6 @@ package natsputex
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -51,7 +49,7 @@ func (p Phase) String() string {
 type Event struct {
 	Time     time.Time
 	Phase    Phase  // the phase after the event
-	Holder   string // the token in the key, when it was read; "" when free
+	Holder   string // the holder's token in the key (without the timing a Supervisor writes after it), when it was read; "" when free
 	Revision uint64 // the key's revision, when known
 	Msg      string
 	Err      error
@@ -154,14 +152,19 @@ type Service struct {
 // under R.
 //
 // Agents on a key should use the same R, F and C (natslock's -r, -f and
-// -c), but a rolling change of them is safe: when Run begins, before it
-// writes the key, an agent writes its T and C·R in a key of its own,
-// <key>.natsputex-timing.<hash of its token>, and a standby waits for
-// the longer of its own T and the holder's, and confirms for the longer
-// C·R, saying so when the holder's is longer. A holder of another
-// version, or a [Locker] on the same key, advertises nothing: a standby
-// then goes by its own timing, and a holder that finds its key taken
-// sooner than its own T after its last write says so.
+// -c), but a rolling change of them is safe: an agent writes its T and
+// C·R in the key's value, after its token and a newline, and a standby
+// waits for the longer of its own T and the holder's, and confirms for
+// the longer C·R, saying so when the holder's is longer. A [Locker]'s
+// token carries its T. A value that carries no timing (written by hand,
+// or by an older version, which advertised its timing in a key of its
+// own) counts as the standby's own timing, and a holder that finds its
+// key taken sooner than its own T after its last write says so.
+//
+// A key that vanishes, or whose revision goes back (the bucket deleted
+// and made again), while the agent runs is taken only after T of
+// silence and C·R of confirmation, as a dead holder's: the package doc
+// says what remains.
 //
 // A Supervisor's methods are safe for concurrent use; Run runs once at a
 // time.
@@ -169,6 +172,7 @@ type Supervisor struct {
 	c     *Client
 	key   string
 	token string
+	value string // what the agent writes in the key: its token and timing (see valueOf)
 	svc   Service
 
 	running atomic.Bool
@@ -187,8 +191,7 @@ type Supervisor struct {
 	holdOffMsg bool          // the hold-off was reported
 	startFails int           // failed Starts in a row
 	confirmFor time.Duration // how long the current hold confirms: C·R, or a predecessor's longer one
-	advertised bool          // the agent's timing is in its timing key
-	seenTiming string        // the last other agent's timing reported
+	seenTiming string        // the last holder's value whose longer timing was reported
 
 	svcMu sync.Mutex // serialises Start and Stop
 	up    bool       // the service may be running
@@ -196,7 +199,8 @@ type Supervisor struct {
 
 // Supervisor returns a Supervisor of key for an agent whose token is
 // token (putex suggests the host name: it is the key's value while the
-// agent holds it, documenting who runs the service). Agents on one key
+// agent holds it, followed by a newline and the agent's T and C·R,
+// documenting who runs the service). Agents on one key
 // must have distinct tokens. Invalid key names give an error matching
 // [locks.ErrInvalidName]; an empty or unprintable token one matching
 // [locks.ErrInvalidOption]. No I/O happens until [Supervisor.Run].
@@ -207,7 +211,8 @@ func (c *Client) Supervisor(key, token string, svc Service) (*Supervisor, error)
 	if err := (locks.NameRule{What: "token", MaxLen: 1024}).Check(token); err != nil {
 		return nil, fmt.Errorf("natsputex: supervisor: %w", locks.InvalidOption("%v", err))
 	}
-	return &Supervisor{c: c, key: key, token: token, svc: svc}, nil
+	own := timing{c.o.ttl(), time.Duration(c.o.confirm) * c.o.renew}
+	return &Supervisor{c: c, key: key, token: token, value: valueOf(token, own), svc: svc}, nil
 }
 
 // Phase returns the supervisor's current phase.
@@ -236,7 +241,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.phase, s.done, s.holder, s.lastRev, s.holdRev = PhaseStandby, false, "", 0, 0
 	s.pending, s.holdOff, s.holdOffMsg, s.startFails = false, time.Time{}, false, 0
-	s.confirmFor, s.advertised, s.seenTiming = s.ownConfirm(), false, ""
+	s.confirmFor, s.seenTiming = s.ownConfirm(), ""
 	s.mu.Unlock()
 
 	bctx, stop := s.c.bind(ctx)
@@ -266,9 +271,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 // for the final wait.
 func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 	s.retryStop(ctx)
-	if !s.advertise(ctx) {
-		return
-	}
 	rctx, cancel := context.WithTimeout(ctx, s.c.o.renew)
 	r, err := s.c.st.read(rctx, s.key)
 	cancel()
@@ -282,15 +284,22 @@ func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 	case err != nil:
 		// Try to renew what we last wrote: if the broker is gone the
 		// write fails too, and the service stops.
-		r = record{rev: lastRev, holder: s.token, exists: true}
+		r = record{rev: lastRev, holder: s.value, exists: true}
 	default:
-		cl.see(0, r.rev)
+		cl.see(0, r.rev, r.at)
+		if _, t, ok := parseValue(r.holder); ok {
+			cl.noteTiming(0, t)
+		}
 	}
 	if holding {
 		switch {
-		case r.rev <= lastRev: // our last write (an older one: a stale read)
+		case r.rev == lastRev && r.holder != s.value:
+			// Not our write at our revision: the bucket was made again
+			// and its revisions reached ours.
+			s.lose(ctx, r, fmt.Sprintf("the key holds another value at this agent's last revision %d: the bucket was made again", lastRev))
+		case r.rev <= lastRev: // our last write (an older one: a stale read, or a bucket made again, where the renewal fails)
 			s.renew(ctx)
-		case r.holder == s.token:
+		case holderToken(r.holder) == s.token:
 			s.lose(ctx, r, fmt.Sprintf("the key holds this agent's token written by another agent (revision %d, this agent's last is %d): two agents have the same token", r.rev, lastRev))
 		case r.free():
 			s.lose(ctx, r, "the key was blanked or deleted by someone else")
@@ -301,7 +310,7 @@ func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 			s.mu.Unlock()
 			if T := s.c.o.ttl(); since < T {
 				// No agent with our T could have taken it over yet.
-				why += fmt.Sprintf(", written within %v of this agent's last write, before T = %v: an agent that did not read this agent's timing took it", since.Round(time.Millisecond), T)
+				why += fmt.Sprintf(", written within %v of this agent's last write, before T = %v: a client that did not go by the timing in this agent's value took it (an older version, or a write by hand)", since.Round(time.Millisecond), T)
 			}
 			s.lose(ctx, r, why)
 		}
@@ -309,13 +318,19 @@ func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 	}
 	pending := s.takePending()
 	switch {
+	case r.free() && cl.rebornHold(0, s.c.o.ttl()):
+		// The key vanished, or its revision went back (the bucket was
+		// made again), less than T ago: its holder before that may
+		// still believe it holds it. Wait for T without a write, as for
+		// a held key.
+		s.standby(ctx, r, cl, w)
 	case r.free():
 		s.takeFree(ctx, r)
-	case r.holder == s.token && r.rev == lastRev:
+	case r.holder == s.value && r.rev == lastRev:
 		// The agent's own last write: it stopped holding (its hold ran
 		// out, or Stop or the blank failed) and no one wrote since.
 		s.takeOwn(ctx, r, "found its own last write still in the key")
-	case r.holder == s.token && pending:
+	case r.holder == s.value && pending:
 		s.takeOwn(ctx, r, "found its own token in the key after a write whose answer was lost")
 	default:
 		s.standby(ctx, r, cl, w)
@@ -357,7 +372,7 @@ func (s *Supervisor) renew(ctx context.Context) {
 	wctx, cancel := s.writeContext(ctx)
 	defer cancel()
 	start := time.Now()
-	nrev, err := s.c.st.renew(wctx, s.key, s.token, rev)
+	nrev, err := s.c.st.renew(wctx, s.key, s.value, rev)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.writeFailed(err)
@@ -399,69 +414,58 @@ func parseTiming(v string) (timing, bool) {
 	return timing{t, c}, true
 }
 
-// timingKey returns the key in which the agent with token advertises its
-// timing: the supervised key, ".natsputex-timing." and a hash of the
-// token (tokens may hold characters keys may not).
-func timingKey(key, token string) string {
-	h := sha256.Sum256([]byte(token))
-	return key + ".natsputex-timing." + hex.EncodeToString(h[:8])
+// valueOf returns what an agent with token and timing t writes in the
+// key: its token, a newline (no token holds one: control characters are
+// refused) and its timing, so that the timing a standby goes by is read
+// with the holder, in the same write, and cannot be lost or overwritten
+// apart from it.
+func valueOf(token string, t timing) string { return token + "\n" + t.String() }
+
+// parseValue splits a key's value into the holder's token and the timing
+// it carries: a Supervisor's value (see valueOf) carries T and C·R, a
+// Locker's token its T only (see tokenTTL; confirm is then 0). ok is
+// false when the value carries no timing: the token is then the whole
+// value.
+func parseValue(v string) (token string, t timing, ok bool) {
+	if i := strings.IndexByte(v, '\n'); i >= 0 {
+		if t, ok := parseTiming(v[i+1:]); ok {
+			return v[:i], t, true
+		}
+		return v, timing{}, false
+	}
+	if d := tokenTTL(v); d > 0 {
+		return v, timing{ttl: d}, true
+	}
+	return v, timing{}, false
 }
 
-// advertise writes the agent's timing in its timing key, once per Run,
-// before the agent writes the supervised key at all: a holder's timing is
-// there for every standby to read. It reports whether it is.
-func (s *Supervisor) advertise(ctx context.Context) bool {
-	s.mu.Lock()
-	done := s.advertised
-	s.mu.Unlock()
-	if done {
-		return true
-	}
-	wctx, cancel := context.WithTimeout(ctx, max(s.c.o.renew, time.Second))
-	defer cancel()
-	own := timing{s.c.o.ttl(), s.ownConfirm()}
-	if _, err := s.c.st.kv.Put(wctx, timingKey(s.key, s.token), []byte(own.String())); err != nil {
-		if ctx.Err() == nil {
-			s.event(PhaseStandby, "cannot advertise this agent's timing; it takes no key until it can", err)
-		}
-		return false
-	}
-	s.mu.Lock()
-	s.advertised = true
-	s.mu.Unlock()
-	return true
+// holderToken returns the token in a key's value (see parseValue).
+func holderToken(v string) string {
+	token, _, _ := parseValue(v)
+	return token
 }
 
 // holderTiming returns how long a standby waits for silence before it
-// takes the key from holder, and how long it then confirms: the longer
-// of its own and the holder's advertised timing (its own if the holder
-// advertised none: another version, or a Locker). ok is false if the
-// holder's timing could not be read.
-func (s *Supervisor) holderTiming(ctx context.Context, holder string) (t timing, ok bool) {
-	t = timing{s.c.o.ttl(), s.ownConfirm()}
-	rctx, cancel := context.WithTimeout(ctx, s.c.o.renew)
-	r, err := s.c.st.read(rctx, timingKey(s.key, holder))
-	cancel()
-	if err != nil {
-		if ctx.Err() == nil {
-			s.event(PhaseStandby, "cannot read the holder's timing", err, withHolder(holder, 0))
-		}
-		return t, false
-	}
-	ht, valid := parseTiming(r.holder)
-	if !valid {
-		return t, true
+// takes the key from the holder whose value it read, and how long it then
+// confirms: the longer of its own timing and the one the value carries
+// (its own if it carries none: a value written by hand; a Locker's token
+// carries its T only).
+func (s *Supervisor) holderTiming(value string) timing {
+	t := timing{s.c.o.ttl(), s.ownConfirm()}
+	holder, ht, ok := parseValue(value)
+	if !ok {
+		return t
 	}
 	if ht.ttl > t.ttl || ht.confirm > t.confirm {
 		s.mu.Lock()
-		said := s.seenTiming == holder+" "+r.holder
-		s.seenTiming = holder + " " + r.holder
+		said := s.seenTiming == value
+		s.seenTiming = value
 		s.mu.Unlock()
 		if !said {
 			s.event(PhaseStandby, fmt.Sprintf("the holder's timing (%v) is longer than this agent's (%v): waiting as long as the holder counts on; all agents on a key should share R, F and C", ht, t), nil, withHolder(holder, 0))
 		}
 	}
-	return timing{max(t.ttl, ht.ttl), max(t.confirm, ht.confirm)}, true
+	return timing{max(t.ttl, ht.ttl), max(t.confirm, ht.confirm)}
 }
 
 // takeFree is the path of a free key: health check, write, start the
@@ -479,7 +483,7 @@ func (s *Supervisor) takeFree(ctx context.Context, r record) {
 	wctx, cancel := s.writeContext(ctx)
 	defer cancel()
 	start := time.Now()
-	rev, err := s.c.st.claim(wctx, s.key, s.token, r)
+	rev, err := s.c.st.claim(wctx, s.key, s.value, r)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return
@@ -528,7 +532,7 @@ func (s *Supervisor) takeOwn(ctx context.Context, r record, why string) {
 	}
 	wctx, cancel := s.writeContext(ctx)
 	start := time.Now()
-	rev, err := s.c.st.claim(wctx, s.key, s.token, r)
+	rev, err := s.c.st.claim(wctx, s.key, s.value, r)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -584,9 +588,12 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 		}
 		return
 	}
-	tm, ok := s.holderTiming(ctx, r.holder)
-	if !ok {
-		return
+	tm := s.holderTiming(r.holder)
+	if r.free() {
+		// A key seen to vanish (see stroke): its past holder's timing,
+		// the longest seen, counts.
+		past := cl.longest(0)
+		tm = timing{max(tm.ttl, past.ttl), max(tm.confirm, past.confirm)}
 	}
 	T := tm.ttl
 	var wake <-chan struct{}
@@ -624,7 +631,7 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 	}
 	wctx, cancel := s.writeContext(ctx)
 	start := time.Now()
-	rev, err := s.c.st.claim(wctx, s.key, s.token, r)
+	rev, err := s.c.st.claim(wctx, s.key, s.value, r)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -872,12 +879,14 @@ func (s *Supervisor) stopService(ctx context.Context, force bool) error {
 // seeHolder reports a new holder seen in standby.
 func (s *Supervisor) seeHolder(r record) {
 	s.mu.Lock()
-	changed := s.holder != r.holder
-	s.holder = r.holder
+	changed := s.holder != holderToken(r.holder)
+	s.holder = holderToken(r.holder)
 	s.mu.Unlock()
 	switch {
 	case !changed:
-	case r.holder == s.token:
+	case r.free():
+		s.event(PhaseStandby, "standby: the key vanished or its revision went back (the bucket deleted and made again, or its messages lost): its holder before that may still run its service; waiting for T without a write", nil, withHolder("", r.rev))
+	case s.holder == s.token:
 		s.event(PhaseStandby, "standby: the key holds this agent's own token, which it did not write: another agent has the same token (tokens must be unique), or an earlier run of this agent died holding the key; waiting for T without a write", nil, withHolder(r.holder, r.rev))
 	default:
 		s.event(PhaseStandby, "standby: the key is held by another agent", nil, withHolder(r.holder, r.rev))
@@ -916,8 +925,10 @@ func (s *Supervisor) shutdown(ctx context.Context) error {
 
 type eventOpt func(*Event)
 
+// withHolder reports the holder whose value (or token) is h, by its
+// token, and the revision rev.
 func withHolder(h string, rev uint64) eventOpt {
-	return func(e *Event) { e.Holder, e.Revision = h, rev }
+	return func(e *Event) { e.Holder, e.Revision = holderToken(h), rev }
 }
 
 func (s *Supervisor) event(p Phase, msg string, err error, opts ...eventOpt) {

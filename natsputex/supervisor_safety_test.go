@@ -30,17 +30,6 @@ func (w *keyWatch) firstBy(token string) (keyWrite, bool) {
 	return keyWrite{}, false
 }
 
-// otherAgents returns agents but a.
-func otherAgents(a *agent, agents ...*agent) []*agent {
-	var others []*agent
-	for _, o := range agents {
-		if o != a {
-			others = append(others, o)
-		}
-	}
-	return others
-}
-
 // TestSupervisorLostTakeoverReply: a standby whose takeover write lands
 // but whose answer is lost (its proxy drops every reply) finds its own
 // token in the key on a later stroke. It must not start its service at

@@ -48,9 +48,9 @@ Every node runs natslock with the same bucket and key and its own token
 (its host name, say): tokens must be distinct. The token is written in the
 key while the node holds it, so the bucket documents who runs the service.
 Every node should use the same -r, -f and -c; while they differ (a rolling
-change), each node advertises its T and C*R in the key
-<key>.natsputex-timing.<hash of its token>, and a standby waits for the
-longer T and confirms for the longer C*R of its own and the active node's.
+change), each node writes its T and C*R in the key after its token (on a
+second line), and a standby waits for the longer T and confirms for the
+longer C*R of its own and the active node's.
 
 Timing:
   R  lock renewal interval (-r): how often the active node runs its health
