@@ -211,6 +211,21 @@ func (a *Admin) otherLayouts(ctx context.Context, name string) ([]otherLayout, e
 	return found, nil
 }
 
+// lockAdmin takes name's administration mutex, waiting for it when
+// another connection holds it; before waiting, it calls the mutex-wait
+// notice ([WithMutexWaitNotice]) unless *noticed, and sets *noticed.
+func (a *Admin) lockAdmin(ctx context.Context, name string, noticed *bool) (locks.Lease, error) {
+	lease, err := a.mutex.TryLock(ctx, name)
+	if errors.Is(err, locks.ErrNotAcquired) {
+		if f := a.opts.mutexWait; f != nil && !*noticed {
+			f(name)
+		}
+		*noticed = true
+		lease, err = a.mutex.Lock(ctx, name)
+	}
+	return lease, err
+}
+
 // locked runs change holding name's administration mutex, with the
 // current maximum, after overshooting. With exclusive, it first refuses
 // with [ErrOtherLayout] when name has slot queues of another layout.
@@ -222,13 +237,8 @@ func (a *Admin) locked(ctx context.Context, op, name string, exclusive bool, cha
 	if err != nil {
 		return Change{}, errorf("amqpsem: %s %q: %w", op, name, err)
 	}
-	lease, err := a.mutex.TryLock(ctx, name)
-	if errors.Is(err, locks.ErrNotAcquired) {
-		if f := a.opts.mutexWait; f != nil {
-			f(name)
-		}
-		lease, err = a.mutex.Lock(ctx, name)
-	}
+	var noticed bool
+	lease, err := a.lockAdmin(ctx, name, &noticed)
 	if err != nil {
 		return Change{}, errorf("amqpsem: %s %q: administration mutex: %w", op, name, err)
 	}
@@ -564,18 +574,41 @@ func (a *Admin) heldOf(ctx context.Context, name string, c int, slots []int) ([]
 
 // WaitReleased waits until no slot of name above its current maximum C
 // is held, whatever its number: until the holders of removed slots have
-// let go. It first checks the holder queue of every slot from C+1 to the
-// name's [Layout.SlotLimit] (65535 probes, pipelined: about a second on
-// a local broker, a few under the race detector), then polls only the
-// slots it found held, with the back-off, woken early by releases, and
-// returns nil once none of them is held. (A removed slot cannot be taken
-// again: clients scan slots in order from 1 and stop at the first
-// missing one. A client that found a slot before its removal and
-// declares its holder queue after the check verifies the slot, finds it
-// gone and lets go without using it.) When C drops further while it
-// waits, the newly removed slots are checked too. When ctx ends first,
-// the error matches ctx.Err() (and, inside a [locks.HeldError], says
-// which slots were still held at the last check).
+// let go. It returns nil only after a check of every slot number made
+// holding name's administration mutex: with the mutex held, C is read,
+// then the holder queue of every slot from C+1 to the name's
+// [Layout.SlotLimit] is checked (65535 probes, pipelined: about a second
+// on a local broker, a few under the race detector), and none is held.
+// Administrators take the mutex for every change, so C cannot change
+// during that check, and no slot above C can be created, taken and
+// removed again behind it.
+//
+// It makes that check first; while it finds slots held, it polls only
+// those (and the slots newly removed when C drops), with the back-off,
+// woken early by releases, and once none of them is held it makes the
+// check again, holding the mutex, and waits on if it finds any: a slot
+// taken while the semaphore was grown during the wait, and removed again
+// before a poll saw C change, is found. So returning nil after holders
+// were found costs a second check of every slot number, and the mutex is
+// held for each check, delaying administrators' changes that long. It
+// waits for the mutex while another connection holds it (calling the
+// [WithMutexWaitNotice] notice once), so do not call it while holding
+// name's administration mutex (a [Mutex] lease on name), which would make
+// it wait until ctx ends.
+//
+// What it cannot see: a slot taken after its last check. A client of this
+// package that found a slot before its removal and declares the slot's
+// holder queue after that check verifies the slot, finds it gone and lets
+// go without using it; clients scan slots in order from 1 and stop at the
+// first missing one, so they never take a slot above C. A client of
+// another implementation that does not verify after declaring, or scans
+// non-linearly and takes a slot whose slot queue exists above a gap
+// (ascending deletes that failed half-way, a queue made by hand; the
+// overshoot of [WithOvershoot] deletes such strays), can hold a slot above
+// C after WaitReleased returned; so can one whose administrator changes
+// the semaphore without the mutex. When ctx ends first, the error matches
+// ctx.Err() (and, inside a [locks.HeldError], says which slots were still
+// held at the last check).
 func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 	lay := a.opts.layout
 	if err := lay.checkSemName(name); err != nil {
@@ -586,32 +619,42 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 		return errorf("amqpsem: wait for %q: %w", name, err)
 	}
 	var (
-		last  error
-		known []int // removed slots found held at the last check
-		from  = 0   // slots from here up were all checked (0: none yet)
+		last    error
+		known   []int // removed slots found held at the last check
+		from    = 0   // slots from here up were all checked (0: none yet)
+		noticed bool  // the mutex-wait notice was given
 	)
 	try := func(ctx context.Context) (struct{}, error) {
-		c, err := a.max(ctx, name)
-		if err != nil {
-			return struct{}{}, err
-		}
-		held, err := a.heldOf(ctx, name, c, known)
-		if err != nil {
-			return struct{}{}, err
-		}
-		if from == 0 || c+1 < from {
-			// Check every slot above C not checked yet.
-			hi := lay.SlotLimit(name)
-			if from > 0 {
-				hi = from - 1
-			}
-			more, err := a.heldBetween(ctx, name, c+1, hi)
+		if from > 0 {
+			// Poll the slots found held, and the slots removed since.
+			c, err := a.max(ctx, name)
 			if err != nil {
 				return struct{}{}, err
 			}
-			held, from = append(held, more...), c+1
+			held, err := a.heldOf(ctx, name, c, known)
+			if err != nil {
+				return struct{}{}, err
+			}
+			if c+1 < from {
+				more, err := a.heldBetween(ctx, name, c+1, from-1)
+				if err != nil {
+					return struct{}{}, err
+				}
+				held, from = append(held, more...), c+1
+			}
+			known = held
+			if len(held) > 0 {
+				last = &locks.HeldError{Name: name, Err: fmt.Errorf("removed slots %v still held", held)}
+				return struct{}{}, last
+			}
 		}
-		known = held
+		// None found held (or the first check): check every slot number
+		// above C, holding the mutex.
+		c, held, err := a.heldAbove(ctx, name, &noticed)
+		if err != nil {
+			return struct{}{}, err
+		}
+		known, from = held, c+1
 		if len(held) > 0 {
 			last = &locks.HeldError{Name: name, Err: fmt.Errorf("removed slots %v still held", held)}
 			return struct{}{}, last
@@ -628,6 +671,32 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 		return errorf("amqpsem: wait for %q: %w (%w)", name, err, last)
 	}
 	return err
+}
+
+// heldAbove takes name's administration mutex (see lockAdmin for
+// noticed), reads C, and returns C and the
+// slots from C+1 to the name's [Layout.SlotLimit] whose holder queue
+// exists. When the mutex is lost before the check ends, C may have
+// changed during it: it returns an error matching [locks.ErrNotAcquired],
+// to check again.
+func (a *Admin) heldAbove(ctx context.Context, name string, noticed *bool) (int, []int, error) {
+	lease, err := a.lockAdmin(ctx, name, noticed)
+	if err != nil {
+		return 0, nil, errorf("amqpsem: wait for %q: administration mutex: %w", name, err)
+	}
+	defer func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
+	c, err := a.max(ctx, name)
+	if err != nil {
+		return 0, nil, err
+	}
+	held, err := a.heldBetween(ctx, name, c+1, a.opts.layout.SlotLimit(name))
+	if err != nil {
+		return 0, nil, err
+	}
+	if cause := context.Cause(lease.Context()); cause != nil {
+		return 0, nil, &locks.HeldError{Name: name, Err: fmt.Errorf("administration mutex lost during the check of every slot: %w", cause)}
+	}
+	return c, held, nil
 }
 
 // plural returns "1 slot" or "n slots".

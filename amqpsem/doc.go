@@ -32,11 +32,22 @@
 // [Admin.Status] and [Admin.WaitReleased] find every held removed slot
 // whatever its number: they check the holder queue of every slot number
 // up to the name's [Layout.SlotLimit] (65535 probes, pipelined, about a
-// second on a local broker and a few under the race detector), so
+// second on a local broker and a few under the race detector).
+// WaitReleased returns nil only after such a check made holding the
+// administration mutex, so that no administrator can change C during it:
+// also when, during the wait, the semaphore grew, a client took one of
+// the new slots, and it shrank back between two of its polls. So
 // WaitReleased never returns nil while a removed slot is held, by this
-// package's clients or any other's. (A holder that declares its holder
-// queue just after that check, for a slot it found before the removal,
-// finds the slot gone when it verifies, and lets go without using it.)
+// package's clients or any other's. What no check can see is a slot
+// taken after it: a holder that declares its holder queue just after the
+// check, for a slot it found before the removal (this package's clients
+// then find the slot gone when they verify, and let go without using
+// it; a client of another implementation that does not verify keeps
+// it), or a client of another implementation that scans non-linearly and
+// takes a slot whose slot queue was left above C, above a gap (ascending
+// deletes that failed half-way, a queue made by hand; [WithOvershoot]
+// deletes such strays). Administrators that change a semaphore without
+// its mutex are not seen either.
 //
 // [Mutex] (a [locks.Locker]) is one exclusive queue per name. A Mutex on N
 // is the semaphore N's administration mutex.

@@ -140,6 +140,46 @@ func TestWaitReleasedEndsWhenHolderLetsGo(t *testing.T) {
 	}
 }
 
+// A WaitReleased whose ctx ends during its check of every slot number,
+// made holding the administration mutex, returns soon after, lets go of
+// the mutex and leaves its client usable. (Its probes' returns, still
+// coming from the broker, once filled the probe channel's return buffer:
+// the connection's reader then waited for a reader of returns, and the
+// mutex's delete, stuck behind it, never ended.)
+func TestWaitReleasedCancelledDuringCheck(t *testing.T) {
+	u, _ := amqpURL(t)
+	name := uniqueName(t, u)
+	ctx := longCtx(t)
+	a := admin(t, dial(t, u))
+	if err := a.Create(ctx, name, 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []time.Duration{300 * time.Millisecond, 700 * time.Millisecond} {
+		short, cancel := context.WithTimeout(ctx, d)
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- a.WaitReleased(short, name) }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("WaitReleased with a %v ctx = %v, want DeadlineExceeded", d, err)
+			}
+			t.Logf("WaitReleased with a %v ctx returned after %v", d, time.Since(start).Round(time.Millisecond))
+		case <-time.After(d + 10*time.Second):
+			t.Fatalf("WaitReleased with a %v ctx still running after %v", d, time.Since(start).Round(time.Millisecond))
+		}
+		cancel()
+		other, err := admin(t, dial(t, u)).Add(tctx(t), name, 1)
+		if err != nil {
+			t.Fatalf("Add by another admin after the cancelled wait: %v", err)
+		}
+		n, err := a.Max(tctx(t), name)
+		if err != nil || n != other.After {
+			t.Fatalf("Max on the cancelled wait's client = %d, %v, want %d", n, err, other.After)
+		}
+	}
+}
+
 // One name, one layout: a create, add, resize or WithCreate of a name
 // that has slot queues in the other layout is refused with
 // ErrOtherLayout and creates nothing, both ways; Status says which

@@ -248,12 +248,13 @@ func WithWakeExchange(name string) Option {
 }
 
 // WithMutexWaitNotice makes an [Admin] call f, with the semaphore's name,
-// when a change finds the semaphore's administration mutex held by
-// another connection and starts waiting for it: a command can tell its
-// operator why it waits. AMQP does not say which connection owns a queue
-// (RabbitMQ's management UI and "rabbitmqctl list_queues name owner_pid"
-// do). f runs on the calling goroutine, once per change. The default is
-// nil: no notice.
+// when a change, or a check of [Admin.WaitReleased], finds the
+// semaphore's administration mutex held by another connection and starts
+// waiting for it: a command can tell its operator why it waits. AMQP does
+// not say which connection owns a queue (RabbitMQ's management UI and
+// "rabbitmqctl list_queues name owner_pid" do). f runs on the calling
+// goroutine, once per change or WaitReleased. The default is nil: no
+// notice.
 func WithMutexWaitNotice(f func(name string)) Option {
 	return func(o *options) error {
 		o.mutexWait = f

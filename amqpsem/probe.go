@@ -14,7 +14,12 @@ const maxBatch = 128
 
 // sweepBatch bounds the probes in flight at once in one call: a status
 // or wait checks every slot number, 65535 probes. Returns are read while
-// the confirms are awaited, so the return buffer need not hold a batch.
+// the confirms are awaited, but not after a caller gave up: the broker
+// goes on returning its batch's probes until the next call reads them, so
+// the return buffer holds a whole batch. Were it full, the connection's
+// reader would wait for it, and every call on the connection with it (a
+// mutex's delete after a WaitReleased whose ctx ended mid-check never
+// ended).
 const sweepBatch = 1024
 
 // prober checks queue existence the way the specification recommends: a
@@ -83,7 +88,7 @@ func (p *prober) open(ctx context.Context) error {
 				_ = o.ch.Close()
 				o.ch, o.err = nil, p.c.connErr(err)
 			} else {
-				o.returns = o.ch.NotifyReturn(make(chan amqp.Return, 2*maxBatch))
+				o.returns = o.ch.NotifyReturn(make(chan amqp.Return, sweepBatch))
 			}
 		}
 		select {

@@ -69,7 +69,9 @@ Usage:
                                          number is checked: about a second)
   amqpsem [flags] wait NAME              wait until no removed slot is held, whatever
                                          its number (removing slots does not take
-                                         them from their holders)
+                                         them from their holders); it checks every
+                                         slot number holding the administration
+                                         mutex before it says none is held
   amqpsem [flags] acquire NAME -- CMD [ARG...]
                                          run CMD while holding a slot; the slot is
                                          released when CMD exits; SIGINT/SIGTERM are
