@@ -87,10 +87,19 @@
 // acquire script raises the counter to at least a floor the client passes
 // (the largest counter it has seen for the name in this call), increments
 // it, and returns it; the token T is the largest counter among the masters
-// that granted. Before Lock returns, T must be recorded on a quorum: when
-// fewer than a quorum of the granting masters returned T itself, a second,
-// rare step raises the others' counters to T (Lock fails if it cannot).
-// Renewals and releases raise every master's counter they reach to the
+// that granted. Before Lock returns, T must be recorded on a quorum of
+// masters, each of which still held the attempt's key when its counter
+// reached T. A granting master that returned a counter of at least T has
+// it (its script raised the counter with the key in place). When fewer
+// than a quorum did (the counters differ after failed attempts, split
+// votes or a restart), a second step raises the other masters' counters
+// to T, and counts a master only if that same script finds the
+// attempt's key still there. An answer "held" never counts, whatever
+// its counter: a thief may hold that master since before and have taken
+// the attempt's keys elsewhere, where the counters were lower. An
+// attempt robbed before its write-back reached a quorum fails with a
+// [locks.HeldError] (Lock waits and tries again); one that could not
+// reach a quorum fails with a [*QuorumError]. Renewals and releases raise every master's counter they reach to the
 // lease's token too, and after a grant every master whose answer did not
 // show a counter at least T (it failed, it answered lower, or its answer
 // came after Lock returned) is raised in the background, unless the
@@ -99,11 +108,11 @@
 // Why T increases: let A hold T_A, recorded (counter ≥ T_A) on a quorum
 // Q_A before A used it, and let B be a later holder, granted by a quorum
 // Q_B. Two quorums intersect: some master m is in both. B's grant on m
-// happens after A's counter there reached T_A: A's key on m stood until A
-// released it, it expired (after A's validity, which ends before B's
-// critical section begins) or B displaced it — all after A's grant and
-// write-back on m, since A's Lock had returned and was not preempted
-// before. Counters never decrease (barring restarts), so B's script on m
+// happens after A's counter there reached T_A: A's key stood on m at that
+// moment (the script that raised the counter checked it), and it stayed
+// until A released it, it expired (after A's validity, which ends before
+// B's critical section begins) or B displaced it — all after that
+// moment. Counters never decrease (barring restarts), so B's script on m
 // returns at least T_A + 1, and T_B, the maximum over Q_B, is > T_A.
 // A master that restarts empty loses its counters: that is harmless while
 // a quorum of masters still holds counters ≥ T_A, which is why T is the
@@ -170,6 +179,23 @@
 // master's answer that it took nothing from a holder it did not tell —
 // acknowledges a notice about its leftover keys at once, so a higher
 // priority does not wait for it (TestFailedAttemptDoesNotStallThief).
+// A master whose call was never sent counts as such an answer: it took
+// nothing. That is a call the step ended before making (a master not yet
+// verified, the wait for the Locker's previous call there), and a call
+// whose dial failed — refused, unreachable (a *net.OpError with Op
+// "dial", which go-redis also returns at once while its pool remembers
+// the last failed dial) — or that got no connection from the pool, when
+// the client makes one attempt per command (MaxRetries: -1; MaxRedirects:
+// -1 for a ClusterClient). So a master refusing connections changes
+// nothing here either (TestFailedAttemptWithRefusedMasterAcknowledgesAtOnce,
+// TestAttackRefusingMinorityStallsMixedContention). Any other error (a
+// timeout, a lost answer), and every error of a client that retries —
+// it may have sent the command on an earlier attempt whose error it does
+// not return — leaves that master unknown: the attempt may have taken a
+// key there from a holder it did not tell, and it then acknowledges no
+// notice about its keys until such a key would have expired (below). With
+// a retrying client a refusing minority can thus cost a higher priority
+// up to a TTL behind each failed lower attempt.
 //
 // An attempt may displace holders and still not use the keys: it failed
 // to win a quorum (thieves splitting the vote), it was robbed before it
@@ -264,7 +290,9 @@
 // ContextTimeoutEnabled: true so that a hung master cannot hold a call
 // beyond the call timeout ([WithCallTimeout]); without it, the Locker
 // still stops waiting at the call timeout, and the client's read timeout
-// ends the call. With one
+// ends the call. Give them MaxRetries: -1 (MaxRedirects: -1 for a
+// ClusterClient), as the tests do, so that a refused dial tells the
+// Locker that the master took nothing (see Priorities and theft). With one
 // master whose client has ContextTimeoutEnabled, calls run on the calling
 // goroutine (its answer is the outcome: there is nothing to wait for in
 // parallel): a context's deadline still ends them, but a plain

@@ -285,9 +285,10 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	fl := *floor
 	rs := l.fanout(ctx, l.masters, func(ctx context.Context, m *master) (any, error) {
 		if err := l.verify(ctx, m); err != nil {
-			return nil, err
+			return nil, unsent(err) // the acquire script was not sent
 		}
-		return runScript(ctx, acquireScript, m.c, keys, e.id, ttlMS, l.o.priority, l.inbox, fl, first)
+		v, err := runScript(ctx, acquireScript, m.c, keys, e.id, ttlMS, l.o.priority, l.inbox, fl, first)
+		return v, m.sendErr(err)
 	}, f)
 
 	// Sort the answers out.
@@ -295,7 +296,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		grants  []grant
 		held    []grant
 		errs    []error
-		unknown []*master // may have granted: release there too
+		unknown []*master // may have granted (its call failed, not known unsent): release there too
 		slow    []*master // stragglers: late sees to them until the token is set
 		bySlot  []slotGrants
 	)
@@ -325,7 +326,11 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 		switch {
 		case late != nil && errors.Is(r.err, errStraggler):
 			slow = append(slow, r.m) // its answer goes to late
-		case !isClosed(r.err):
+		case !notSent(r.err):
+			// A refused dial, say, took nothing: the attempt knows that
+			// master's state, and it does not count as unknown (which
+			// would keep the attempt from acknowledging a thief's notice
+			// about its other keys: see rememberKept).
 			unknown = append(unknown, r.m)
 		}
 	}
@@ -338,23 +343,29 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	won := best.gs
 
 	tokenSet := false // late has the token: it no longer sees to failed attempts
-	fail := func(err error) (locks.Lease, error) {
-		// Masters yet to answer may grant: delete there too (after the
-		// acquire, which sequence orders first) — unless the attempt
-		// failed before its token was set, when their answers go to late
-		// (decided 0 as acquire returns), which deletes what they grant:
-		// a failure decided without them (grantDecided) must not wait for
-		// a hung master.
-		others := unknown
+	// others are the masters whose state the attempt does not know, to
+	// clean up as it gives up: those whose call failed (unknown), and
+	// those yet to answer, which may grant (deleted after the acquire,
+	// which sequence orders first) — unless the attempt failed before its
+	// token was set, when their answers go to late (decided 0 as acquire
+	// returns), which deletes what they grant: a failure decided without
+	// them (grantDecided) must not wait for a hung master. Masters that
+	// answered "held", or whose call was never sent (notSent), took
+	// nothing.
+	others := func() []*master {
+		ms := slices.Clone(unknown)
 		for _, m := range l.masters {
 			if !slices.ContainsFunc(rs, func(r result) bool { return r.m == m }) && (late == nil || tokenSet) {
-				others = append(others, m)
+				ms = append(ms, m)
 			}
 		}
 		if tokenSet {
-			others = append(others, slow...)
+			ms = append(ms, slow...)
 		}
-		l.abandon(ctx, e, grants, others)
+		return ms
+	}
+	fail := func(err error) (locks.Lease, error) {
+		l.abandon(ctx, e, grants, others())
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, fmt.Errorf("redlockprio: lock %q: %w", name, cerr)
 		}
@@ -495,7 +506,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	l.mu.Unlock()
 	if robbed != nil || closing {
 		base.End(locks.Lost(errors.New("redlockprio: preempted while acquiring")))
-		l.abandon(ctx, e, grants, l.masters)
+		l.abandon(ctx, e, grants, others())
 		if closing {
 			return nil, fmt.Errorf("redlockprio: %q: %w", name, locks.ErrClosed)
 		}
@@ -838,7 +849,7 @@ func (a *lateAnswers) check(r result, token uint64) {
 		a.l.rememberKeptFor(a.e.id, g.pttl+a.l.o.driftOver(g.pttl))
 	case token == 0 && err == nil && g.status == 1:
 		_, _ = runScript(ctx, releaseScript, r.m.c, []string{a.l.key(a.e.name, g.slot), a.e.fence}, a.e.id, 0, "")
-	case token == 0 && err != nil && !isClosed(err):
+	case token == 0 && err != nil && !notSent(err):
 		// The call may have granted all the same: delete there, as the
 		// failed attempt does where a call failed in time (keeping a key
 		// taken from a holder it cannot tell).

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"reflect"
 	"slices"
 	"strconv"
@@ -42,6 +43,11 @@ type master struct {
 	// (ContextTimeoutEnabled), so that a call may run on the caller's
 	// goroutine without outliving the caller's wait.
 	deadlines bool
+
+	// oneShot says the client makes one attempt per command (no retries,
+	// no cluster redirects): a dial error it returns then means the
+	// command was never sent (see sendErr).
+	oneShot bool
 
 	renewScript atomic.Int32 // scriptUnknown, scriptLoading or scriptLoaded
 
@@ -140,7 +146,7 @@ func New(masters []redis.UniversalClient, opts ...Option) (*Locker, error) {
 				return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("master %d is given twice: masters must be independent", i))
 			}
 		}
-		ms[i] = &master{index: i, addr: addrOf(c), c: c, deadlines: honorsDeadlines(c)}
+		ms[i] = &master{index: i, addr: addrOf(c), c: c, deadlines: honorsDeadlines(c), oneShot: oneShot(c)}
 	}
 	o := defaults()
 	if err := locks.Apply(&o, opts); err != nil {
@@ -228,6 +234,19 @@ func honorsDeadlines(c redis.UniversalClient) bool {
 		return c.Options().ContextTimeoutEnabled
 	case *redis.ClusterClient:
 		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// oneShot reports whether c makes one attempt per command: a
+// *redis.Client with MaxRetries -1, a *redis.ClusterClient with
+// MaxRedirects -1 (go-redis stores both as 0).
+func oneShot(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().MaxRetries == 0
+	case *redis.ClusterClient:
+		return c.Options().MaxRedirects == 0
 	}
 	return false
 }
@@ -531,7 +550,7 @@ func (l *Locker) fanout(ctx context.Context, ms []*master, step func(ctx context
 			prev = l.pending(m, f.name)
 		}
 		var v any
-		err := waitFor(cctx, prev)
+		err := unsent(waitFor(cctx, prev))
 		if err == nil {
 			v, err = step(cctx, m)
 		}
@@ -561,7 +580,7 @@ func (l *Locker) fanout(ctx context.Context, ms []*master, step func(ctx context
 		}
 		if l.spawn(func() {
 			var v any
-			err := waitFor(calls, prev)
+			err := unsent(waitFor(calls, prev))
 			if err == nil {
 				v, err = step(calls, m)
 			}
@@ -738,4 +757,50 @@ func runScript(ctx context.Context, s *redis.Script, c redis.UniversalClient, ke
 // isClosed reports whether err says the client itself was closed.
 func isClosed(err error) bool {
 	return errors.Is(err, redis.ErrClosed)
+}
+
+// notSentError is the error of a call that never reached its master:
+// the master took nothing from it.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string { return e.err.Error() }
+func (e *notSentError) Unwrap() error { return e.err }
+
+// unsent marks err, if not nil, as the error of a call that was never
+// sent.
+func unsent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &notSentError{err: err}
+}
+
+// sendErr classifies the error of one command sent through m's client:
+// a dial that failed (refused, unreachable, timed out: *net.OpError with
+// Op "dial", which go-redis also returns at once while its pool remembers
+// the last dial failure) or no connection from the pool means the command
+// was never written, when the client makes one attempt per command. A
+// client that retries may have written it on an earlier attempt whose
+// error it does not return: its errors stay unclassified (the master may
+// have run the command).
+func (m *master) sendErr(err error) error {
+	if err == nil || !m.oneShot {
+		return err
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return unsent(err)
+	}
+	return err
+}
+
+// notSent reports whether err says a call never reached its master, so
+// that the master certainly took nothing from it: the step ended before
+// the call was made (a failed verification, the wait for an earlier call
+// about the name), the dial failed (see sendErr), or the client was
+// closed. Every other error leaves the master's state unknown: the call
+// may have run there, its answer lost.
+func notSent(err error) bool {
+	var ns *notSentError
+	return errors.As(err, &ns) || isClosed(err)
 }

@@ -151,9 +151,10 @@ func TestFailedAttemptDoesNotStallThief(t *testing.T) {
 		tried <- err
 	}()
 	select {
-	case <-delay.seen: // the attempt failed and cleans up, slowly, on master 2
-	case err := <-tried:
-		t.Fatalf("the low attempt returned before its cleanup: %v", err)
+	// The attempt failed and cleans up, slowly, on master 2; it may
+	// return before master 2's answer comes (decided by masters 0 and 1):
+	// its cleanup there comes then, in the background.
+	case <-delay.seen:
 	case <-ctx.Done():
 		t.Fatal("the low attempt never cleaned up")
 	}
