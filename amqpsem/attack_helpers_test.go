@@ -76,7 +76,6 @@ func atkCleanup(t *testing.T, url, name string) {
 // specification only (another implementation, a non-linear scanner).
 type atkRawConn struct {
 	conn *amqp.Connection
-	mu   sync.Mutex
 }
 
 func atkRaw(t *testing.T, url string) *atkRawConn {
@@ -110,17 +109,6 @@ func (r *atkRawConn) drop(q string) error {
 	}
 	defer ch.Close()
 	_, err = ch.QueueDelete(q, false, false, false)
-	return err
-}
-
-// declareSlot declares a slot queue of the default layout (durable).
-func (r *atkRawConn) declare(q string, durable bool) error {
-	ch, err := r.conn.Channel()
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	_, err = ch.QueueDeclare(q, durable, false, false, false, atkArgs)
 	return err
 }
 
