@@ -72,10 +72,17 @@
 //
 // Not safe against: clocks that jump or run faster than the drift factor
 // allows (validity is local time; key expiry is the masters' time); and
-// masters that restart empty (without persistence) inside the TTL: if a
-// majority of the masters that granted a lease forget it, a second client
-// can win a majority while the first still holds the lease
-// (TestMajorityRestartedEmptyAllowsDoubleGrant shows it). Mitigation: keep
+// masters that restart empty (without persistence) inside the TTL: if
+// the masters that still hold a lease's key fall below a quorum, a second
+// client can win a quorum while the first still holds the lease
+// (TestMajorityRestartedEmptyAllowsDoubleGrant shows it). A lease may sit
+// on a bare quorum (exactly a quorum of masters hold its key) for its
+// whole life: when a minority is unreachable from its holder while it
+// acquires and renews, a live holder does not reach it. Then a single
+// master of that quorum restarting empty is enough, and the second
+// holder's token can equal the first's
+// (TestAttack2BareQuorumSingleRestart shows it, with 1 of 3 masters
+// refusing the holder and another restarted). Mitigation: keep
 // a crashed master down for at least one TTL before it rejoins (its
 // holders' leases have then ended, as the same test shows), or run the
 // masters with AOF persistence and appendfsync always.
@@ -120,10 +127,12 @@
 // counters are spread to every reachable master. The limit is the one
 // above: a majority restarting empty — more precisely, the masters holding
 // a counter ≥ T_A shrinking below a quorum before B's grant. Right after a
-// grant T_A may sit on a bare quorum until the background raise, the
-// release or the first renewal (one renewal interval at most) has reached
-// the other masters: a single master restarting empty inside that window, with the
-// holder crashing inside it too, can let a later token repeat T_A.
+// grant T_A sits on a bare quorum until the background raise, the
+// release or a renewal has reached the other masters — one renewal
+// interval at most while every master answers the holder, for the
+// lease's whole life while one does not: a single master restarting
+// empty inside that window can let a later token repeat T_A (the limit
+// above).
 //
 // # Priorities and theft
 //
