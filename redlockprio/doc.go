@@ -85,7 +85,13 @@
 // refusing the holder and another restarted). Mitigation: keep
 // a crashed master down for at least one TTL before it rejoins (its
 // holders' leases have then ended, as the same test shows), or run the
-// masters with AOF persistence and appendfsync always.
+// masters with AOF persistence and appendfsync always. Only the second
+// keeps fencing tokens increasing: a master that comes back empty has
+// forgotten its counters however long it was down, and a later quorum
+// that meets it and masters whose counters lag (one the last holder
+// could not reach, while another refuses) can repeat a token. The chaos
+// run (TestChaos) kills and restarts masters that keep an append-only
+// file.
 //
 // # Fencing tokens
 //
