@@ -210,7 +210,7 @@ type protocolModel struct {
 // missing here, so that none is silently skipped. The flags are the ones
 // each model's header comment gives.
 var protocolModels = []protocolModel{
-	{file: "natsputex_takeover.pml", pan: []string{"-E"}, seeded: []string{"BUGGY"}},
+	{file: "natsputex_takeover.pml", pan: []string{"-E"}, seeded: []string{"BUGGY", "BUGGY2"}},
 	{file: "redlockprio_theft.pml", cc: []string{"-DCOLLAPSE"}, pan: []string{"-E"}, seeded: []string{"BUGGY"}},
 	{file: "amqpsem_semaphore.pml", cc: []string{"-DCOLLAPSE"}, seeded: []string{"BUGGY", "BUGGY_LAYOUT"}},
 }

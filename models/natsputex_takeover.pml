@@ -3,7 +3,7 @@
  * Locker's lease, which follows the same rules) on one NATS KV key.
  *
  * Check:   spin -a natsputex_takeover.pml && cc -O2 -DSAFETY -o pan pan.c && ./pan -E -m100000
- * Seeded:  spin -DBUGGY -a natsputex_takeover.pml ...   (must report an error)
+ * Seeded:  spin -DBUGGY -a natsputex_takeover.pml ...   (must report an error; so must -DBUGGY2)
  * Trail:   spin -DBUGGY -t natsputex_takeover.pml   (one line per event; -p -g for every step)
  *
  * What is modelled (natsputex/doc.go, natsputex/supervisor.go):
@@ -67,11 +67,24 @@
  * believe it holds the key (phase standby) confirms for C*R like any
  * takeover before it starts; it may start at once only on a free key.
  *
+ * Seeded bug (-DBUGGY2): a taker-over that gives up while it confirms
+ * (Run's context ends, natslock gets SIGTERM, a Lock's context is
+ * cancelled) blanks the key; the next agent finds it free and starts at
+ * once, while the cut-off holder's Stop, which counts on margin + C*R,
+ * still runs: P1 fails (TestAttack2ConfirmerGivesUp). The fixed rule: a
+ * hold whose confirmations did not finish is never blanked; the key keeps
+ * its last write, so the next agent waits T without a write (here: finds
+ * its own token and confirms, which starts no sooner) and confirms. Only
+ * holds that finished confirming (or took a free key) blank on the way
+ * out.
+ *
  * Not modelled: more than two agents; read failures (an agent that holds
  * renews at its last revision, the same write); the cluster's own
  * consistency (the CAS is assumed linearizable: issue 15 point 1 is about
- * servers where it is not); clock rate differences; Run's shutdown;
- * duplicate tokens; pauses longer than the documented bound (the docs say
+ * servers where it is not); clock rate differences; Run's shutdown by an
+ * active agent (it blanks after Stop returned, as abort does); the timing
+ * carried in the key's value (one R, F and C here: the carried maximum is
+ * tested by TestAttack2MixedChainConfirmerDies); duplicate tokens; pauses longer than the documented bound (the docs say
  * fencing tokens are then what protects); the time writes take when they
  * succeed (they land at once, the adversarial case for the waiter). The
  * time horizon is HMAX ticks: runs end there, so pan runs with -E (no
@@ -266,10 +279,28 @@ inline activate(i) {
 	fi
 }
 
-/* confirm: C*R of rewrites after a takeover; the next stroke starts. */
+/*
+ * confirm: C*R of rewrites after a takeover; the next stroke starts.
+ * Before each rewrite the agent may give up (within the fault budget):
+ * Run's context ends (shutdown, natslock's SIGTERM), or a Lock's context
+ * is cancelled. It then stops (its service is not running) and, fixed,
+ * leaves its last write in the key; -DBUGGY2 blanks it, as Run's shutdown
+ * and the Locker's abandon did. Its next stroke is that of the agent run
+ * again (or of any agent that did not see the key: a restarted Run
+ * counts the key from its first read).
+ */
 inline confirm(i) {
 	step = 1;
 	do
+	:: atomic { faults < MAXF -> faults++;
+			printf("t=%d agent %d: gives up while confirming\n", now, me) };
+		x = lastRev[i];
+		phase[i] = STANDBY;
+		stopService(i);
+#ifdef BUGGY2
+		write(i, x, 0, R);
+#endif
+		break
 	:: sEnd = now + EVERY;
 		waitUntil(sEnd);
 		if

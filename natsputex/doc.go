@@ -54,7 +54,19 @@
 //     finds its own token in the key while it does not hold it (its own
 //     last write, or a write whose answer was lost): it starts the
 //     service only after C·R of its own writes that it saw succeed, on
-//     every path.
+//     every path. While it confirms, a taker-over writes its token with
+//     the longer T and C·R of its own and of the value it displaced (a
+//     Locker too, on a second line after its token, until its last
+//     confirmation), so a chain of confirmers inherits the longest
+//     (TestAttack2MixedChainConfirmerDies). A taker-over that gives up
+//     before its confirmations are done (Run's context ends, natslock's
+//     SIGTERM, a Lock's context cancelled, a failed check or write) never
+//     blanks the key: it leaves its last write, and the next taker waits
+//     T without a write and confirms, as for a dead holder
+//     (TestAttack2ConfirmerGivesUp, TestAttack2LockerConfirmCancelled,
+//     TestAttack2NatslockSIGTERMWhileConfirming). That costs the next
+//     taker T, in that case only; a holder that finished confirming (or
+//     took a free key) still blanks on its way out.
 //
 // A holder's lease ends at once, with [locks.ErrLost], when a write fails
 // or its health check fails (it then blanks the key, one attempt, so that
@@ -108,9 +120,11 @@
 //     overlap. Choose C (and the margin) for the slowest Stop you have.
 //     The same bound holds whenever the agent stops its service itself (a
 //     failed health check or write, or shutdown): it blanks the key only
-//     once Stop has returned, so no standby starts at once, but it does
-//     not renew while Stop runs, so a standby may take the silent key
-//     over T + C·R after the agent's last write. Stop then has at least
+//     once Stop has returned, so no standby starts at once, and never
+//     while it was still confirming a takeover (see C above), which keeps
+//     the bound of the holder it displaced; but it does not renew
+//     while Stop runs, so a standby may take the silent key over T + C·R
+//     after the agent's last write. Stop then has at least
 //     margin + C·R (after a failed write, whose hold ran to its end), and
 //     about T − R + C·R after a failed health check or on shutdown.
 //     Stop's context ends after T + C·R, never sooner. A Stop that fails
@@ -128,8 +142,9 @@
 //     or given the same token by mistake, keep these bounds: each writes
 //     its T and C·R in the key's value, after its token, and a standby
 //     waits for the longer T and confirms for the longer C·R of its own
-//     and the holder's (TestSupervisorMixedTiming,
-//     TestAttackDuplicateTokenMixedTiming). Earlier versions advertised
+//     and the holder's, writing that longer timing while it confirms
+//     (TestSupervisorMixedTiming, TestAttackDuplicateTokenMixedTiming,
+//     TestAttack2MixedChainConfirmerDies). Earlier versions advertised
 //     them in keys of their own, which two agents of one token, a Locker
 //     or a lost bucket could overwrite or drop
 //     (TestAttackTimingKeyTakenByLocker,

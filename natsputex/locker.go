@@ -37,12 +37,17 @@ func (c *Client) Locker() *Locker { return &Locker{c} }
 // by a KV watch on the key.
 //
 // On failure Lock returns an error and holds nothing; when ctx ends first,
-// the error matches ctx.Err(). A write that would take the key is not
-// interrupted when ctx ends (it could land all the same, and leave the
-// key held by no one for T): Lock then returns once it is answered, at
-// most max(T, 1s) later, with the lease if the write won the key. An
-// invalid key name gives an error matching [locks.ErrInvalidName] before
-// any I/O.
+// the error matches ctx.Err(). A takeover given up before its C intervals
+// of confirmation are done (ctx ended, a write failed) leaves its last
+// write in the key rather than blanking it: the holder it displaced may
+// still be using its lease, so the next caller waits T without a write and
+// confirms (the value written while confirming carries the longer T and
+// C·R of this client's and the displaced holder's: see the package doc). A
+// write that would take the key is not interrupted when ctx ends (it could
+// land all the same, and leave the key held by no one for T): Lock then
+// returns once it is answered, at most max(T, 1s) later, with the lease if
+// the write won the key. An invalid key name gives an error matching
+// [locks.ErrInvalidName] before any I/O.
 func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	if err := keys.Check(name); err != nil {
 		return nil, fmt.Errorf("natsputex: lock: %w", err)
@@ -303,9 +308,21 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 	if err := c.healthCheck(ctx, Standby); err != nil {
 		return nil, held(c.o.renew, err)
 	}
+	// While it confirms, the taker-over writes its token with the longer
+	// of its own timing and the displaced holder's (as a Supervisor's
+	// value carries it): should it give up or die before its
+	// confirmations are done, the key keeps that write, and the next
+	// taker waits T without a write and confirms as long as the
+	// displaced holder counts on, along a chain of confirmers too. The
+	// last confirmation writes the lease's own token.
+	steps := c.o.confirmSteps(ht.confirm)
+	value := token
+	if steps > 0 {
+		value = valueOf(token, timing{T, max(time.Duration(c.o.confirm)*c.o.renew, ht.confirm)})
+	}
 	start := time.Now()
 	octx, cancel = c.writeContext(ctx)
-	won, err := c.st.claim(octx, key, token, r)
+	won, err := c.st.claim(octx, key, value, r)
 	cancel()
 	switch {
 	case isConflict(err):
@@ -314,14 +331,17 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 		return nil, fmt.Errorf("natsputex: %q: take over %q: %w", name, key, err)
 	}
 	rev := won
-	for range c.o.confirmSteps(ht.confirm) {
+	for step := range steps {
 		if err = sleepCtx(ctx, c.o.renewEvery()); err != nil {
 			break
+		}
+		if step == steps-1 {
+			value = token
 		}
 		start = time.Now()
 		var nrev uint64
 		octx, cancel := c.opContext(ctx)
-		nrev, err = c.st.renew(octx, key, token, rev)
+		nrev, err = c.st.renew(octx, key, value, rev)
 		cancel()
 		if err != nil {
 			break
@@ -329,7 +349,10 @@ func (c *Client) tryKey(ctx context.Context, name, key string, i int, slotted bo
 		rev = nrev
 	}
 	if err != nil {
-		c.abandon(key, token, rev)
+		// Not blanked: the displaced holder may still be using its lease
+		// (cut off, it ends it only at its T minus the margin, and counts
+		// on C·R more); a blank key would be taken at once. The next
+		// taker waits T without a write and confirms.
 		if isConflict(err) {
 			return nil, held(0, fmt.Errorf("lost the key while confirming the takeover: %w", err))
 		}

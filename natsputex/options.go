@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"time"
+	"unicode"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -181,13 +182,23 @@ func WithHealthCheck(hc HealthCheck) Option {
 	}
 }
 
+// printable is the rule for holder ids and Supervisor tokens: printable
+// characters ([unicode.IsPrint], which also refuses a newline, the
+// separator of a Supervisor's value), not merely no control characters:
+// line and paragraph separators, zero-width and bidirectional format
+// characters would make the key's value and the logs that show it lie.
+func printable(r rune) bool { return unicode.IsPrint(r) }
+
 // WithHolderID sets the identity written, with a random suffix per lease
-// and the client's T, as the value of every key the client holds. It must be non-empty and
-// printable. The default is the host name and process id.
+// and the client's T, as the value of every key the client holds. It must
+// be non-empty and printable ([unicode.IsPrint] of every character: no
+// newline, line separator or format character), else New returns an error
+// matching [locks.ErrInvalidOption]. The default is the host name and
+// process id.
 func WithHolderID(id string) Option {
 	return func(o *options) error {
 		o.holderID = id
-		if err := (locks.NameRule{What: "holder id", MaxLen: 200}).Check(id); err != nil {
+		if err := (locks.NameRule{What: "holder id", MaxLen: 200, Char: printable}).Check(id); err != nil {
 			return locks.InvalidOption("holder id: %v", err)
 		}
 		return nil

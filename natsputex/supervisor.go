@@ -141,9 +141,11 @@ type Service struct {
 // A failed write or health check, or another write in the key, stops the
 // service at once; after a failed health check or Start, once Stop has
 // returned, the key is blanked (one attempt, at the agent's last
-// revision). An active agent that has not renewed for T minus the safety
-// margin begins to stop its service by itself, before any other agent
-// may take over (the package doc says how long Stop may then take).
+// revision), unless the agent's confirmations were not done: a confirmer
+// that gives up, for any reason, never blanks the key. An active agent
+// that has not renewed for T minus the safety margin begins to stop its
+// service by itself, before any other agent may take over (the package doc
+// says how long Stop may then take).
 //
 // The connection the client uses must reconnect for as long as the agent
 // runs: nats.go gives up after 60 attempts by default, and waits 2s
@@ -177,38 +179,41 @@ type Supervisor struct {
 
 	running atomic.Bool
 
-	mu         sync.Mutex
-	phase      Phase
-	lastRev    uint64    // revision of our last successful write
-	holdRev    uint64    // revision of the write that won the current hold: its fencing token
-	heldSince  time.Time // when that write began: the confirmation clock
-	deadline   time.Time // when our hold runs out without a renewal
-	timer      *time.Timer
-	done       bool
-	holder     string        // last holder reported to Observe
-	pending    bool          // a write's answer was lost: it may have landed
-	holdOff    time.Time     // no free key is taken before then (Start failed)
-	holdOffMsg bool          // the hold-off was reported
-	startFails int           // failed Starts in a row
-	confirmFor time.Duration // how long the current hold confirms: C·R, or a predecessor's longer one
-	seenTiming string        // the last holder's value whose longer timing was reported
+	mu          sync.Mutex
+	phase       Phase
+	lastRev     uint64    // revision of our last successful write
+	holdRev     uint64    // revision of the write that won the current hold: its fencing token
+	heldSince   time.Time // when that write began: the confirmation clock
+	deadline    time.Time // when our hold runs out without a renewal
+	timer       *time.Timer
+	done        bool
+	holder      string        // last holder reported to Observe
+	pending     bool          // a write's answer was lost: it may have landed
+	holdOff     time.Time     // no free key is taken before then (Start failed)
+	holdOffMsg  bool          // the hold-off was reported
+	startFails  int           // failed Starts in a row
+	confirmFor  time.Duration // how long the current hold confirms: C·R, or a predecessor's longer one
+	cur         string        // what the agent writes while it confirms: its token and the longer of its timing and its predecessor's (see confirm)
+	unconfirmed bool          // the agent's last write is a hold's whose confirmations did not finish: it is never blanked
+	seenTiming  string        // the last holder's value whose longer timing was reported
 
 	svcMu sync.Mutex // serialises Start and Stop
 	up    bool       // the service may be running
 }
 
-// Supervisor returns a Supervisor of key for an agent whose token is
-// token (putex suggests the host name: it is the key's value while the
-// agent holds it, followed by a newline and the agent's T and C·R,
-// documenting who runs the service). Agents on one key
-// must have distinct tokens. Invalid key names give an error matching
-// [locks.ErrInvalidName]; an empty or unprintable token one matching
-// [locks.ErrInvalidOption]. No I/O happens until [Supervisor.Run].
+// Supervisor returns a Supervisor of key for an agent whose token is token
+// (putex suggests the host name: it is the key's value while the agent
+// holds it, followed by a newline and the agent's T and C·R, documenting
+// who runs the service). Agents on one key must have distinct tokens.
+// Invalid key names give an error matching [locks.ErrInvalidName]; an
+// empty or unprintable token (a character [unicode.IsPrint] refuses) one
+// matching [locks.ErrInvalidOption]. No I/O happens until
+// [Supervisor.Run].
 func (c *Client) Supervisor(key, token string, svc Service) (*Supervisor, error) {
 	if err := keys.Check(key); err != nil {
 		return nil, fmt.Errorf("natsputex: supervisor: %w", err)
 	}
-	if err := (locks.NameRule{What: "token", MaxLen: 1024}).Check(token); err != nil {
+	if err := (locks.NameRule{What: "token", MaxLen: 1024, Char: printable}).Check(token); err != nil {
 		return nil, fmt.Errorf("natsputex: supervisor: %w", locks.InvalidOption("%v", err))
 	}
 	own := timing{c.o.ttl(), time.Duration(c.o.confirm) * c.o.renew}
@@ -225,11 +230,13 @@ func (s *Supervisor) Phase() Phase {
 // Run pumps until ctx ends or the client closes. Then it stops the
 // service, blanks the key if it still holds the agent's last write (so
 // another agent takes over at once; a write under way when ctx ends is
-// finished first) and returns an error matching ctx.Err() (or
-// [locks.ErrClosed]), joined with the errors of that last stop and
-// release if any. When that last Stop fails the key is not blanked, and
-// the error also matches [ErrStopFailed]: the service may still run.
-// Calling Run while it runs returns an error at once.
+// finished first) unless the agent was confirming a takeover (its
+// predecessor may still be stopping: the key keeps the last write, and the
+// next agent waits T without a write and confirms) and returns an error
+// matching ctx.Err() (or [locks.ErrClosed]), joined with the errors of
+// that last stop and release if any. When that last Stop fails the key is
+// not blanked, and the error also matches [ErrStopFailed]: the service may
+// still run. Calling Run while it runs returns an error at once.
 func (s *Supervisor) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("natsputex: supervisor %q: already running", s.key)
@@ -240,6 +247,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.phase, s.done, s.holder, s.lastRev, s.holdRev = PhaseStandby, false, "", 0, 0
+	s.cur, s.unconfirmed = "", false
 	s.pending, s.holdOff, s.holdOffMsg, s.startFails = false, time.Time{}, false, 0
 	s.confirmFor, s.seenTiming = s.ownConfirm(), ""
 	s.mu.Unlock()
@@ -293,7 +301,7 @@ func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 	}
 	if holding {
 		switch {
-		case r.rev == lastRev && r.holder != s.value:
+		case r.rev == lastRev && !s.isOwn(r.holder):
 			// Not our write at our revision: the bucket was made again
 			// and its revisions reached ours.
 			s.lose(ctx, r, fmt.Sprintf("the key holds another value at this agent's last revision %d: the bucket was made again", lastRev))
@@ -326,11 +334,11 @@ func (s *Supervisor) stroke(ctx context.Context, cl *clocks, w *watch) {
 		s.standby(ctx, r, cl, w)
 	case r.free():
 		s.takeFree(ctx, r)
-	case r.holder == s.value && r.rev == lastRev:
+	case s.isOwn(r.holder) && r.rev == lastRev:
 		// The agent's own last write: it stopped holding (its hold ran
 		// out, or Stop or the blank failed) and no one wrote since.
 		s.takeOwn(ctx, r, "found its own last write still in the key")
-	case r.holder == s.value && pending:
+	case s.isOwn(r.holder) && pending:
 		s.takeOwn(ctx, r, "found its own token in the key after a write whose answer was lost")
 	default:
 		s.standby(ctx, r, cl, w)
@@ -355,10 +363,11 @@ func (s *Supervisor) retryStop(ctx context.Context) {
 // revision, and start the service when the confirmations are done.
 func (s *Supervisor) renew(ctx context.Context) {
 	s.mu.Lock()
-	phase, rev, since := s.phase, s.lastRev, s.heldSince
-	s.mu.Unlock()
-	s.mu.Lock()
-	confirmFor := s.confirmFor
+	phase, rev, since, confirmFor := s.phase, s.lastRev, s.heldSince, s.confirmFor
+	value := s.value
+	if phase == PhaseConfirming && s.cur != "" {
+		value = s.cur // the timing of the hold it confirms for, until it is done
+	}
 	s.mu.Unlock()
 	due := phase == PhaseActive || time.Since(since) >= confirmFor
 	if due {
@@ -372,7 +381,7 @@ func (s *Supervisor) renew(ctx context.Context) {
 	wctx, cancel := s.writeContext(ctx)
 	defer cancel()
 	start := time.Now()
-	nrev, err := s.c.st.renew(wctx, s.key, s.value, rev)
+	nrev, err := s.c.st.renew(wctx, s.key, value, rev)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.writeFailed(err)
@@ -382,8 +391,24 @@ func (s *Supervisor) renew(ctx context.Context) {
 	}
 	s.wrote(nrev, start)
 	if phase == PhaseConfirming && due {
+		s.mu.Lock()
+		s.unconfirmed = false // C·R of its own writes: the key may be blanked again
+		s.mu.Unlock()
 		s.activate(ctx)
 	}
+}
+
+// isOwn reports whether v is a value this agent writes: its token and
+// timing, or the longer timing it writes while it confirms.
+func (s *Supervisor) isOwn(v string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return v == s.value || s.cur != "" && v == s.cur
+}
+
+// ownTiming returns the agent's own T and C·R.
+func (s *Supervisor) ownTiming() timing {
+	return timing{s.c.o.ttl(), s.ownConfirm()}
 }
 
 // ownConfirm returns C·R, how long a new holder confirms its hold by the
@@ -496,7 +521,7 @@ func (s *Supervisor) takeFree(ctx context.Context, r record) {
 		return
 	}
 	s.mu.Lock()
-	s.holdRev, s.heldSince, s.confirmFor = rev, start, s.ownConfirm()
+	s.holdRev, s.heldSince, s.confirmFor, s.unconfirmed = rev, start, s.ownConfirm(), false
 	s.mu.Unlock()
 	s.wrote(rev, start)
 	s.activate(ctx)
@@ -530,9 +555,16 @@ func (s *Supervisor) takeOwn(ctx context.Context, r record, why string) {
 		}
 		return
 	}
+	// Its own write may carry a longer timing, that of a hold it was
+	// confirming for: it keeps it.
+	tm := s.ownTiming()
+	if _, ht, ok := parseValue(r.holder); ok {
+		tm = timing{max(tm.ttl, ht.ttl), max(tm.confirm, ht.confirm)}
+	}
+	value := s.confirmValue(tm)
 	wctx, cancel := s.writeContext(ctx)
 	start := time.Now()
-	rev, err := s.c.st.claim(wctx, s.key, s.value, r)
+	rev, err := s.c.st.claim(wctx, s.key, value, r)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -541,15 +573,32 @@ func (s *Supervisor) takeOwn(ctx context.Context, r record, why string) {
 		}
 		return
 	}
-	s.confirm(ctx, rev, start, s.ownConfirm(), why)
+	s.confirm(ctx, rev, start, tm.confirm, why)
+}
+
+// confirmValue returns what the agent writes while it confirms a hold
+// taken with timing tm (the longer of its own and its predecessor's), and
+// remembers it: its token and tm, so that should it give up (or die)
+// before its confirmations are done, the next agent waits and confirms as
+// long as the hold it was confirming for counts on, along a chain of
+// confirmers too.
+func (s *Supervisor) confirmValue(tm timing) string {
+	v := valueOf(s.token, tm)
+	s.mu.Lock()
+	s.cur = v
+	s.mu.Unlock()
+	return v
 }
 
 // confirm enters PhaseConfirming after the write at rev, begun at start,
 // won the key; it confirms for confirmFor, and starts the service at once
-// if that is 0.
+// if that is 0. Until the confirmations are done the key is never
+// blanked (see shutdown): the agent's predecessor may still be stopping
+// its service.
 func (s *Supervisor) confirm(ctx context.Context, rev uint64, start time.Time, confirmFor time.Duration, why string) {
 	s.mu.Lock()
 	s.phase, s.holdRev, s.heldSince, s.confirmFor = PhaseConfirming, rev, start, confirmFor
+	s.unconfirmed = confirmFor > 0
 	s.mu.Unlock()
 	s.wrote(rev, start)
 	s.event(PhaseConfirming, fmt.Sprintf("%s; confirming for %v", why, confirmFor), nil, withHolder(s.token, rev))
@@ -629,9 +678,10 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 		}
 		return
 	}
+	value := s.confirmValue(tm)
 	wctx, cancel := s.writeContext(ctx)
 	start := time.Now()
-	rev, err := s.c.st.claim(wctx, s.key, s.value, r)
+	rev, err := s.c.st.claim(wctx, s.key, value, r)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -705,6 +755,9 @@ func (s *Supervisor) activate(ctx context.Context) {
 // Stop fails the key is not blanked at all.
 func (s *Supervisor) abort(ctx context.Context, why string, cause error) {
 	_, rev := s.holding()
+	s.mu.Lock()
+	unconfirmed := s.unconfirmed
+	s.mu.Unlock()
 	s.disarm(PhaseStandby)
 	what := ": service not running" // stopped already (the hold ran out), or never started
 	if s.serviceUp() {
@@ -715,7 +768,13 @@ func (s *Supervisor) abort(ctx context.Context, why string, cause error) {
 		return
 	}
 	errs := []error{cause}
-	if rev != 0 {
+	switch {
+	case rev != 0 && unconfirmed:
+		// A hold whose confirmations did not finish: its predecessor may
+		// still be stopping its service, so the key keeps the last write,
+		// and the next agent waits T without a write and confirms.
+		what += "; the key is not blanked (the confirmations did not finish)"
+	case rev != 0:
 		errs = append(errs, s.blank(ctx, rev, s.c.o.renew))
 	}
 	s.event(PhaseStandby, why+what, errors.Join(errs...))
@@ -900,6 +959,7 @@ func (s *Supervisor) seeHolder(r record) {
 func (s *Supervisor) shutdown(ctx context.Context) error {
 	_, rev := s.holding()
 	s.mu.Lock()
+	unconfirmed := s.unconfirmed
 	s.done = true
 	s.phase = PhaseStopped
 	if s.timer != nil {
@@ -912,10 +972,16 @@ func (s *Supervisor) shutdown(ctx context.Context) error {
 	}
 	// Stop runs when Run returns, also from standby (see [Service.Stop]).
 	msg := "stopped"
-	if err := s.stopService(ctx, true); err != nil {
+	switch err := s.stopService(ctx, true); {
+	case err != nil:
 		msg = "stopped; stopping the service failed: it may still run, and the key was not blanked"
 		errs = append(errs, err)
-	} else if rev != 0 {
+	case rev != 0 && unconfirmed:
+		// Its predecessor may still be stopping its service: the next
+		// agent must wait T without a write and confirm, not find the
+		// key free.
+		msg = "stopped while confirming a takeover: the key was not blanked"
+	case rev != 0:
 		errs = append(errs, s.blank(ctx, rev, s.c.o.ttl()))
 	}
 	err := errors.Join(errs...)

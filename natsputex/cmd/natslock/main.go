@@ -63,7 +63,9 @@ Timing:
      waits, rewriting its token, before it fences the others and starts the
      service. A free key (missing or blank) is started on at once; a node
      that finds its own token after a write whose answer was lost confirms
-     for C*R too.
+     for C*R too. While it confirms, a node writes the longer T and C*R of
+     its own and the node it took over from, so the next one waits and
+     confirms as long should it stop or die before it is done.
 
 A failed write or health check, or another write in the key, stops the
 service at once; an active node that could not renew for T minus a safety
@@ -98,9 +100,12 @@ Commands:
 
 Stopping:
   On SIGTERM, SIGINT or SIGHUP natslock stops the service and blanks the
-  key. If natslock dies otherwise (kill -9, a crash), a reaper process it
-  started (in a process group of its own) runs the stop command and kills
-  the process groups of the start commands, with what they left running.
+  key, unless it was still confirming a takeover: it then leaves its last
+  write, so the next node waits T without a write and confirms (the node
+  it took over from may still be stopping). If natslock dies otherwise
+  (kill -9, a crash), a reaper process it started (in a process group of
+  its own) runs the stop command and kills the process groups of the
+  start commands, with what they left running.
   A service that left that group (setsid, a systemd unit) is stopped by the
   stop command only; a reaper killed too (a whole cgroup killed) does
   nothing, nor does one on a system without Unix process groups.
