@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 var (
@@ -666,7 +667,7 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 	}
 	sub, unsubscribe := a.c.wakes.subscribe(ctx, name)
 	defer unsubscribe()
-	_, err = locks.Wait(ctx, sub.c, a.opts.backoff, try)
+	_, err = driver.Wait(ctx, sub.c, a.opts.backoff, try)
 	if err != nil && ctx.Err() != nil && last != nil {
 		return errorf("amqpsem: wait for %q: %w (%w)", name, err, last)
 	}

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // ErrConnectionClosed is the reason a lease ends, wrapped in
@@ -56,7 +57,7 @@ type session struct {
 func dialConn(ctx context.Context, url string, o options) (*amqp.Connection, *silenceConn, time.Duration, error) {
 	uri, err := amqp.ParseURI(url)
 	if err != nil {
-		return nil, nil, 0, errorf("amqpsem: %w", locks.InvalidOption("URL %s: %s", RedactURL(url), RedactURLsIn(err.Error(), url)))
+		return nil, nil, 0, errorf("amqpsem: %w", driver.InvalidOption("URL %s: %s", RedactURL(url), RedactURLsIn(err.Error(), url)))
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, 0, err
@@ -129,7 +130,7 @@ func dialConn(ctx context.Context, url string, o options) (*amqp.Connection, *si
 	hb := conn.Config.Heartbeat
 	if hb <= 0 {
 		_ = conn.Close()
-		return nil, nil, 0, errorf("amqpsem: %w", locks.InvalidOption("heartbeats are disabled (heartbeat=0 in the URL and at the broker): amqpsem needs them to bound how long a dead holder keeps its slot"))
+		return nil, nil, 0, errorf("amqpsem: %w", driver.InvalidOption("heartbeats are disabled (heartbeat=0 in the URL and at the broker): amqpsem needs them to bound how long a dead holder keeps its slot"))
 	}
 	return conn, watched, hb, nil
 }
@@ -263,7 +264,7 @@ func (c *session) watch(closes chan *amqp.Error) {
 	}
 	close(c.done)
 	for _, l := range leases {
-		l.base.End(locks.Lost(cause))
+		l.base.End(driver.Lost(cause))
 	}
 }
 

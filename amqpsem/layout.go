@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // maxShortString is the longest AMQP short string, the limit of queue
@@ -102,14 +103,14 @@ var PythonLayout = Layout{
 
 func (l Layout) validate() error {
 	if l.Slot == nil || l.Holder == nil || l.Mutex == nil {
-		return locks.InvalidOption("layout needs Slot, Holder and Mutex functions")
+		return driver.InvalidOption("layout needs Slot, Holder and Mutex functions")
 	}
 	if err := l.Args.Validate(); err != nil {
-		return locks.InvalidOption("layout arguments: %v", err)
+		return driver.InvalidOption("layout arguments: %v", err)
 	}
 	a, b, m := l.Slot("n", 1), l.Holder("n", 1), l.Mutex("n")
 	if a == b || a == m || b == m || a == l.Slot("n", 2) || b == l.Holder("n", 2) {
-		return locks.InvalidOption("layout gives colliding queue names: %q, %q, %q", a, b, m)
+		return driver.InvalidOption("layout gives colliding queue names: %q, %q, %q", a, b, m)
 	}
 	return nil
 }
@@ -128,7 +129,7 @@ func queueName(q string) error {
 
 // names is the rule for what the caller gives: non-empty UTF-8 without
 // control characters. The queue names made from it are checked after.
-var names = locks.NameRule{What: "amqpsem name", MaxLen: maxShortString}
+var names = driver.NameRule{What: "amqpsem name", MaxLen: maxShortString}
 
 // checkMutexName validates a mutex name and returns its queue. The
 // queue must not look like a shared wake queue (see [turnQueue]), and the

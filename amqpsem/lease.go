@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // ErrSlotRemoved is the reason a lease ends, wrapped in [locks.ErrLost],
@@ -29,7 +30,7 @@ var ErrSlotRemoved = errors.New("amqpsem: slot removed")
 //
 // A Lease is safe for concurrent use.
 type Lease struct {
-	base      *locks.BaseLease
+	base      *driver.Lease
 	c         *session
 	h         *holding
 	slotQueue string // A[L]; "" for a mutex
@@ -39,7 +40,7 @@ var _ locks.SlotLease = (*Lease)(nil)
 
 func (c *session) newLease(ctx context.Context, name string, slot int, slotQueue string, h *holding, sent time.Time) (*Lease, error) {
 	l := &Lease{c: c, h: h, slotQueue: slotQueue}
-	l.base = locks.NewBaseLease(ctx, locks.LeaseSpec{
+	l.base = driver.NewLease(ctx, driver.Spec{
 		Name:     name,
 		Slot:     slot,
 		Deadline: sent.Add(c.heartbeat),
@@ -49,7 +50,7 @@ func (c *session) newLease(ctx context.Context, name string, slot int, slotQueue
 	if c.closed {
 		cause := c.cause
 		c.mu.Unlock()
-		l.base.End(locks.Lost(cause))
+		l.base.End(driver.Lost(cause))
 		_ = c.free(context.Background(), h)
 		return nil, asClosed(cause)
 	}
@@ -141,7 +142,7 @@ func (l *Lease) renew(ctx context.Context) (time.Time, error) {
 	}
 	for i, ok := range got {
 		if !ok {
-			cause := locks.Lost(fmt.Errorf("%w: queue %q of %q is gone", ErrSlotRemoved, queues[i], l.Name()))
+			cause := driver.Lost(fmt.Errorf("%w: queue %q of %q is gone", ErrSlotRemoved, queues[i], l.Name()))
 			l.base.End(cause)
 			// The slot is void: relinquish it, as the specification asks
 			// of holders of removed slots.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // Mutex is the exclusive-queue mutex: holding name means this client's
@@ -57,11 +58,11 @@ func (c *Client) Mutex(opts ...Option) (*Mutex, error) {
 func (c *Client) derive(opts []Option) (options, error) {
 	o := c.opts
 	o.connSet = false
-	if err := locks.Apply(&o, opts); err != nil {
+	if err := driver.Apply(&o, opts); err != nil {
 		return o, errorf("amqpsem: %w", err)
 	}
 	if o.connSet {
-		return o, errorf("amqpsem: %w", locks.InvalidOption("connection options are given to Dial"))
+		return o, errorf("amqpsem: %w", driver.InvalidOption("connection options are given to Dial"))
 	}
 	return o, nil
 }
@@ -124,7 +125,7 @@ func (m *Mutex) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	}
 	sub, leave := m.c.wakes.takeTurns(ctx, name)
 	freeSeen := false
-	l, err := locks.Wait(ctx, sub.c, m.opts.backoff, func(ctx context.Context) (*Lease, error) {
+	l, err := driver.Wait(ctx, sub.c, m.opts.backoff, func(ctx context.Context) (*Lease, error) {
 		if yield {
 			// Let the woken waiters go first: sleep until a wake-up or
 			// the first back-off delay.

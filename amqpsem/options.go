@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 type options struct {
@@ -72,7 +73,7 @@ func WithHeartbeat(d time.Duration) Option {
 	return func(o *options) error {
 		o.heartbeat, o.connSet = d, true
 		if d < time.Second {
-			return locks.InvalidOption("heartbeat must be at least 1s, got %v", d)
+			return driver.InvalidOption("heartbeat must be at least 1s, got %v", d)
 		}
 		return nil
 	}
@@ -85,7 +86,7 @@ func WithTLS(cfg *tls.Config) Option {
 	return func(o *options) error {
 		o.tls, o.connSet = cfg, true
 		if cfg == nil {
-			return locks.InvalidOption("TLS config must not be nil")
+			return driver.InvalidOption("TLS config must not be nil")
 		}
 		return nil
 	}
@@ -98,7 +99,7 @@ func WithDial(dial func(ctx context.Context, network, addr string) (net.Conn, er
 	return func(o *options) error {
 		o.dial, o.connSet = dial, true
 		if dial == nil {
-			return locks.InvalidOption("dial function must not be nil")
+			return driver.InvalidOption("dial function must not be nil")
 		}
 		return nil
 	}
@@ -110,7 +111,7 @@ func WithDial(dial func(ctx context.Context, network, addr string) (net.Conn, er
 func WithConnectTimeout(d time.Duration) Option {
 	return func(o *options) error {
 		o.connectTimeout, o.connSet = d, true
-		return locks.Positive("connect timeout", d)
+		return driver.Positive("connect timeout", d)
 	}
 }
 
@@ -121,7 +122,7 @@ func WithConnectionName(name string) Option {
 	return func(o *options) error {
 		o.connName, o.connSet = name, true
 		if len(name) > maxShortString {
-			return locks.InvalidOption("connection name is %d bytes, longer than %d", len(name), maxShortString)
+			return driver.InvalidOption("connection name is %d bytes, longer than %d", len(name), maxShortString)
 		}
 		return nil
 	}
@@ -147,7 +148,7 @@ func WithLayout(l Layout) Option {
 func WithVerifyInterval(d time.Duration) Option {
 	return func(o *options) error {
 		o.verify = d
-		return locks.Positive("verify interval", d)
+		return driver.Positive("verify interval", d)
 	}
 }
 
@@ -170,7 +171,7 @@ func WithMaxAttempts(n int) Option {
 	return func(o *options) error {
 		o.maxAttempts = n
 		if n < 1 {
-			return locks.InvalidOption("max attempts must be >= 1, got %d", n)
+			return driver.InvalidOption("max attempts must be >= 1, got %d", n)
 		}
 		return nil
 	}
@@ -183,7 +184,7 @@ func WithSkew(d time.Duration) Option {
 	return func(o *options) error {
 		o.skew = d
 		if d < 0 {
-			return locks.InvalidOption("skew must be >= 0, got %v", d)
+			return driver.InvalidOption("skew must be >= 0, got %v", d)
 		}
 		return nil
 	}
@@ -197,7 +198,7 @@ func WithCreate(slots int) Option {
 	return func(o *options) error {
 		o.create = slots
 		if slots < 0 || slots > MaxSlots {
-			return locks.InvalidOption("create slots must be in 0..%d, got %d", MaxSlots, slots)
+			return driver.InvalidOption("create slots must be in 0..%d, got %d", MaxSlots, slots)
 		}
 		return nil
 	}
@@ -212,7 +213,7 @@ func WithOvershoot(t int) Option {
 	return func(o *options) error {
 		o.overshoot = t
 		if t < 0 || t > MaxSlots {
-			return locks.InvalidOption("overshoot must be in 0..%d, got %d", MaxSlots, t)
+			return driver.InvalidOption("overshoot must be in 0..%d, got %d", MaxSlots, t)
 		}
 		return nil
 	}
@@ -241,7 +242,7 @@ func WithWakeExchange(name string) Option {
 	return func(o *options) error {
 		o.wakeExchange = name
 		if len(name) > maxShortString {
-			return locks.InvalidOption("wake exchange name is %d bytes, longer than %d", len(name), maxShortString)
+			return driver.InvalidOption("wake exchange name is %d bytes, longer than %d", len(name), maxShortString)
 		}
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // Client is a connection to RabbitMQ that its [Mutex], [Semaphore]s and
@@ -68,7 +69,7 @@ type ConnectionEvent struct {
 // Dial does not retry: reconnection is for a connection lost later.
 func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	o := defaults()
-	if err := locks.Apply(&o, opts); err != nil {
+	if err := driver.Apply(&o, opts); err != nil {
 		return nil, fmt.Errorf("amqpsem: %w", err)
 	}
 	c := &Client{url: url, opts: o, ready: make(chan struct{}), stop: make(chan struct{})}

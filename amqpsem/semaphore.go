@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 var (
@@ -136,7 +137,7 @@ func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, erro
 	}
 	sub, unsubscribe := s.c.wakes.subscribe(ctx, name)
 	defer unsubscribe()
-	l, err = locks.Wait(ctx, sub.c, s.opts.backoff, s.tryFunc(name))
+	l, err = driver.Wait(ctx, sub.c, s.opts.backoff, s.tryFunc(name))
 	if err != nil {
 		return nil, err
 	}

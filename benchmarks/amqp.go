@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -61,7 +62,7 @@ func (c *amqpFloorClient) channel() (*amqp.Channel, error) {
 }
 
 func (c *amqpFloorClient) Lock(ctx context.Context, name string) (Held, error) {
-	return locks.Wait(ctx, nil, floorBackoff, func(ctx context.Context) (Held, error) {
+	return driver.Wait(ctx, nil, floorBackoff, func(ctx context.Context) (Held, error) {
 		ch, err := c.channel()
 		if err != nil {
 			return nil, err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -120,7 +121,7 @@ type natsFloorClient struct {
 }
 
 func (c *natsFloorClient) Lock(ctx context.Context, name string) (Held, error) {
-	return locks.Wait(ctx, nil, floorBackoff, func(ctx context.Context) (Held, error) {
+	return driver.Wait(ctx, nil, floorBackoff, func(ctx context.Context) (Held, error) {
 		_, err := c.kv.Create(ctx, name, []byte("1"))
 		switch {
 		case errors.Is(err, jetstream.ErrKeyExists):

@@ -12,6 +12,7 @@ import (
 	redsyncredis "github.com/go-redsync/redsync/v4/redis"
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -243,7 +244,7 @@ func (s *redisFloor) NewClient(ctx context.Context) (Client, error) {
 type redisFloorClient struct{ c *redis.Client }
 
 func (c *redisFloorClient) Lock(ctx context.Context, name string) (Held, error) {
-	return locks.Wait(ctx, nil, floorBackoff, func(ctx context.Context) (Held, error) {
+	return driver.Wait(ctx, nil, floorBackoff, func(ctx context.Context) (Held, error) {
 		ok, err := c.c.SetNX(ctx, name, "1", 0).Result()
 		switch {
 		case err != nil:

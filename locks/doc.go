@@ -9,12 +9,14 @@
 // contracttest proves they do. The package memlock is an in-memory
 // reference backend for the unit tests of code that uses locks.
 //
-// The rest of this package is the machinery every backend shares, written
-// once: [BaseLease] (the lease state machine: cancellation with a cause,
-// release once, a validity deadline and a renewal loop), [Wait] (the wait
-// loop woken by broker notifications with jittered back-off as fallback),
-// and the validation helpers [NameRule], [Positive], [Fraction] and
-// [Apply], so bad input fails before any I/O.
+// Every blocking call takes a context and, when it ends first, returns an
+// error matching ctx.Err() and holds nothing. [Do] and [DoAcquire] run a
+// function under a lease and release it.
+//
+// Backend authors: the machinery every backend shares (the lease state
+// machine, the client's lease registry with batched renewal, the wait
+// loop, validation and the one shape of errors) is in package
+// [github.com/latchkey-go/latchkey/locks/driver].
 //
 // This module uses the standard library only.
 package locks

@@ -76,25 +76,8 @@ func (e *HeldError) Is(target error) bool { return target == ErrNotAcquired }
 // Unwrap returns the backend's cause.
 func (e *HeldError) Unwrap() error { return e.Err }
 
-// Lost returns a lease-end cause that matches [ErrLost] and wraps reason.
-func Lost(reason error) error {
-	if reason == nil {
-		return ErrLost
-	}
-	return fmt.Errorf("%w: %w", ErrLost, reason)
-}
-
-// Preempted returns a lease-end cause that matches both [ErrPreempted] and
-// [ErrLost] and wraps reason.
-func Preempted(reason error) error {
-	if reason == nil {
-		return fmt.Errorf("%w (%w)", ErrPreempted, ErrLost)
-	}
-	return fmt.Errorf("%w (%w): %w", ErrPreempted, ErrLost, reason)
-}
-
-// InvalidOption returns an error matching [ErrInvalidOption] with a
-// formatted explanation, for a backend's WithX option to return.
-func InvalidOption(format string, args ...any) error {
+// invalidOption returns an error matching [ErrInvalidOption] with a
+// formatted explanation.
+func invalidOption(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidOption, fmt.Sprintf(format, args...))
 }

@@ -76,9 +76,10 @@ type Semaphore interface {
 	TryAcquire(ctx context.Context, name string) (Lease, error)
 }
 
-// SlotLease is an optional interface that may be implemented by a [Lease]
-// from a [Semaphore]. Slot reports which of the N slots the lease holds,
-// numbered from 1.
+// SlotLease is a [Lease] that says which slot it holds. Every lease a
+// latchkey backend returns implements it: Slot is the semaphore slot held,
+// from 1 to N, for a lease from a [Semaphore], and 0 for a lease from a
+// [Locker].
 type SlotLease interface {
 	Lease
 	Slot() int
@@ -87,9 +88,20 @@ type SlotLease interface {
 // Do acquires name from l, runs fn under the lease's context and releases
 // the lease. fn's context ends early if the lease is lost. Do returns fn's
 // error, joined with the lease's loss cause when the lease was lost while fn
-// ran, or the error of Lock or Release.
+// ran, or the error of Lock or Release. When ctx ends while Do waits for
+// the lock, it returns an error matching ctx.Err() and fn does not run.
 func Do(ctx context.Context, l Locker, name string, fn func(ctx context.Context) error) error {
-	lease, err := l.Lock(ctx, name)
+	return run(ctx, func() (Lease, error) { return l.Lock(ctx, name) }, fn)
+}
+
+// DoAcquire is [Do] for a [Semaphore]: it acquires one of name's slots
+// from s, runs fn under the lease's context and releases the slot.
+func DoAcquire(ctx context.Context, s Semaphore, name string, fn func(ctx context.Context) error) error {
+	return run(ctx, func() (Lease, error) { return s.Acquire(ctx, name) }, fn)
+}
+
+func run(ctx context.Context, acquire func() (Lease, error), fn func(ctx context.Context) error) error {
+	lease, err := acquire()
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // keyMaxLen bounds key names: a key becomes part of a NATS subject
@@ -22,7 +23,7 @@ const keyMaxLen = 512
 
 // keys is the NATS KV key rule: letters, digits and -/_=. ; no empty
 // dot-separated token, so no leading, trailing or double dot.
-var keys = locks.NameRule{
+var keys = driver.NameRule{
 	What:   "NATS KV key",
 	MaxLen: keyMaxLen,
 	Char: func(c rune) bool {
@@ -37,7 +38,7 @@ var keys = locks.NameRule{
 }
 
 // buckets is the NATS KV bucket name rule.
-var buckets = locks.NameRule{
+var buckets = driver.NameRule{
 	What:   "NATS KV bucket",
 	MaxLen: 255,
 	Char: func(c rune) bool {
@@ -102,7 +103,7 @@ func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Opt
 		return nil, fmt.Errorf("natsputex: %w", err)
 	}
 	if js == nil {
-		return nil, fmt.Errorf("natsputex: %w", locks.InvalidOption("nil JetStream"))
+		return nil, fmt.Errorf("natsputex: %w", driver.InvalidOption("nil JetStream"))
 	}
 	kv, err := openBucket(ctx, js, bucket, &o)
 	if err != nil {
@@ -218,10 +219,10 @@ func openOnce(ctx context.Context, js jetstream.JetStream, bucket string, o *opt
 func (o *options) checkBucket(bucket string, cfg jetstream.StreamConfig) error {
 	need := o.ttl() + time.Duration(o.confirm)*o.renew
 	if cfg.MaxAge > 0 && cfg.MaxAge < need {
-		return locks.InvalidOption("bucket %q has a TTL (max age) of %v, shorter than this client's T + C·R = %v: a holder's key could vanish, and be taken, while its hold or its service's stop is still under way; use a bucket without a TTL, or one of at least %v", bucket, cfg.MaxAge, need, need)
+		return driver.InvalidOption("bucket %q has a TTL (max age) of %v, shorter than this client's T + C·R = %v: a holder's key could vanish, and be taken, while its hold or its service's stop is still under way; use a bucket without a TTL, or one of at least %v", bucket, cfg.MaxAge, need, need)
 	}
 	if cfg.Discard == jetstream.DiscardOld && (cfg.MaxMsgs > 0 || cfg.MaxBytes > 0) {
-		return locks.InvalidOption("bucket %q discards its oldest messages when full (max messages %d, max bytes %d): a quiet holder's key could vanish, and be taken, while it is held; use a bucket that refuses new writes when full (discard new, as KV buckets are made)", bucket, cfg.MaxMsgs, cfg.MaxBytes)
+		return driver.InvalidOption("bucket %q discards its oldest messages when full (max messages %d, max bytes %d): a quiet holder's key could vanish, and be taken, while it is held; use a bucket that refuses new writes when full (discard new, as KV buckets are made)", bucket, cfg.MaxMsgs, cfg.MaxBytes)
 	}
 	return nil
 }
@@ -273,7 +274,7 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cause := locks.Lost(fmt.Errorf("natsputex: client closed: %w", locks.ErrClosed))
+	cause := driver.Lost(fmt.Errorf("natsputex: client closed: %w", locks.ErrClosed))
 	var errs []error
 	defer c.stopping.Wait()
 	for _, l := range held {

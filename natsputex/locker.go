@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // Locker is a [locks.Locker] on a [Client]'s bucket: a lock is one key,
@@ -93,7 +94,7 @@ const MaxSemaphoreSize = 4096
 // name: each uses only the first size slots.
 func (c *Client) Semaphore(size int) (*Semaphore, error) {
 	if size < 1 || size > MaxSemaphoreSize {
-		return nil, fmt.Errorf("natsputex: %w", locks.InvalidOption("semaphore size must be in 1..%d, got %d", MaxSemaphoreSize, size))
+		return nil, fmt.Errorf("natsputex: %w", driver.InvalidOption("semaphore size must be in 1..%d, got %d", MaxSemaphoreSize, size))
 	}
 	return &Semaphore{c: c, size: size}, nil
 }
@@ -158,10 +159,10 @@ func (c *Client) acquire(ctx context.Context, name string, ks []string, wait boo
 		var w *watch
 		if w, err = c.watch(bctx, name, ks, cl); err == nil {
 			defer c.stopWatch(w)
-			lease, err = locks.Wait(bctx, w.wake, c.o.backoff, try)
+			lease, err = driver.Wait(bctx, w.wake, c.o.backoff, try)
 		} else if bctx.Err() == nil {
 			// No watch (a broker refusing consumers): poll.
-			lease, err = locks.Wait(bctx, nil, c.o.backoff, try)
+			lease, err = driver.Wait(bctx, nil, c.o.backoff, try)
 		}
 	}
 	if err == nil {
@@ -373,7 +374,7 @@ func (c *Client) abandon(key, token string, rev uint64) {
 
 // lease is a held key.
 type lease struct {
-	*locks.BaseLease
+	*driver.Lease
 	c     *Client
 	key   string
 	token string
@@ -387,7 +388,7 @@ type lease struct {
 // and last written at rev by a write that started at start.
 func (c *Client) hold(ctx context.Context, name, key string, slot int, token string, won, rev uint64, start time.Time) (*lease, error) {
 	l := &lease{c: c, key: key, token: token, rev: rev}
-	l.BaseLease = locks.NewBaseLease(ctx, locks.LeaseSpec{
+	l.Lease = driver.NewLease(ctx, driver.Spec{
 		Name:     name,
 		Token:    won,
 		Slot:     slot,
@@ -397,7 +398,7 @@ func (c *Client) hold(ctx context.Context, name, key string, slot int, token str
 	c.mu.Lock()
 	if c.ctx.Err() != nil {
 		c.mu.Unlock()
-		l.End(locks.Lost(locks.ErrClosed))
+		l.End(driver.Lost(locks.ErrClosed))
 		_ = l.Release(context.WithoutCancel(ctx))
 		return nil, c.closedErr(fmt.Sprintf("%q", name))
 	}
@@ -423,7 +424,7 @@ func (c *Client) hold(ctx context.Context, name, key string, slot int, token str
 func (l *lease) renew(ctx context.Context) (time.Time, error) {
 	c := l.c
 	if err := c.healthCheck(ctx, Active); err != nil {
-		lost := locks.Lost(fmt.Errorf("natsputex: %q: %w", l.Name(), err))
+		lost := driver.Lost(fmt.Errorf("natsputex: %q: %w", l.Name(), err))
 		l.End(lost)
 		l.mu.Lock()
 		rev := l.rev
@@ -451,7 +452,7 @@ func (l *lease) renew(ctx context.Context) (time.Time, error) {
 		if isConflict(err) {
 			why = "the key was written by someone else"
 		}
-		return time.Time{}, locks.Lost(fmt.Errorf("natsputex: %q: %s (key %q, revision %d): %w", l.Name(), why, l.key, l.rev, err))
+		return time.Time{}, driver.Lost(fmt.Errorf("natsputex: %q: %s (key %q, revision %d): %w", l.Name(), why, l.key, l.rev, err))
 	}
 	l.rev = rev
 	return start.Add(c.o.validity()), nil

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // State tells a health check which role its agent is in.
@@ -94,20 +95,20 @@ const minValidity = time.Millisecond
 // the safety margin leaves a validity of at least [minValidity].
 func newOptions(opts []Option) (options, error) {
 	o := defaults()
-	if err := locks.Apply(&o, opts); err != nil {
+	if err := driver.Apply(&o, opts); err != nil {
 		return o, err
 	}
 	if o.renew > math.MaxInt64/time.Duration(o.failures) {
-		return o, locks.InvalidOption("T = F·R overflows: F = %d, R = %v", o.failures, o.renew)
+		return o, driver.InvalidOption("T = F·R overflows: F = %d, R = %v", o.failures, o.renew)
 	}
 	if o.confirm > 0 && o.renew > math.MaxInt64/time.Duration(o.confirm) {
-		return o, locks.InvalidOption("C·R overflows: C = %d, R = %v", o.confirm, o.renew)
+		return o, driver.InvalidOption("C·R overflows: C = %d, R = %v", o.confirm, o.renew)
 	}
 	if o.margin == 0 {
 		o.margin = max(o.renew/2, time.Nanosecond)
 	}
 	if o.ttl()-o.margin < minValidity {
-		return o, locks.InvalidOption("safety margin %v must be shorter than T = F·R = %v by at least %v", o.margin, o.ttl(), minValidity)
+		return o, driver.InvalidOption("safety margin %v must be shorter than T = F·R = %v by at least %v", o.margin, o.ttl(), minValidity)
 	}
 	return o, nil
 }
@@ -125,7 +126,7 @@ type Option func(*options) error
 func WithRenewInterval(d time.Duration) Option {
 	return func(o *options) error {
 		o.renew = d
-		return locks.Positive("renew interval R", d)
+		return driver.Positive("renew interval R", d)
 	}
 }
 
@@ -138,7 +139,7 @@ func WithFailureThreshold(f int) Option {
 	return func(o *options) error {
 		o.failures = f
 		if f < 1 {
-			return locks.InvalidOption("failure threshold F must be >= 1, got %d", f)
+			return driver.InvalidOption("failure threshold F must be >= 1, got %d", f)
 		}
 		return nil
 	}
@@ -152,7 +153,7 @@ func WithConfirmations(c int) Option {
 	return func(o *options) error {
 		o.confirm = c
 		if c < 0 {
-			return locks.InvalidOption("confirmation count C must be >= 0, got %d", c)
+			return driver.InvalidOption("confirmation count C must be >= 0, got %d", c)
 		}
 		return nil
 	}
@@ -167,7 +168,7 @@ func WithConfirmations(c int) Option {
 func WithSafetyMargin(d time.Duration) Option {
 	return func(o *options) error {
 		o.margin = d
-		return locks.Positive("safety margin", d)
+		return driver.Positive("safety margin", d)
 	}
 }
 
@@ -198,8 +199,8 @@ func printable(r rune) bool { return unicode.IsPrint(r) }
 func WithHolderID(id string) Option {
 	return func(o *options) error {
 		o.holderID = id
-		if err := (locks.NameRule{What: "holder id", MaxLen: 200, Char: printable}).Check(id); err != nil {
-			return locks.InvalidOption("holder id: %v", err)
+		if err := (driver.NameRule{What: "holder id", MaxLen: 200, Char: printable}).Check(id); err != nil {
+			return driver.InvalidOption("holder id: %v", err)
 		}
 		return nil
 	}
@@ -222,7 +223,7 @@ func WithReplicas(n int) Option {
 	return func(o *options) error {
 		o.replicas = n
 		if n < 1 || n > 5 {
-			return locks.InvalidOption("replicas must be in 1..5, got %d", n)
+			return driver.InvalidOption("replicas must be in 1..5, got %d", n)
 		}
 		return nil
 	}
@@ -235,7 +236,7 @@ func WithStorage(s jetstream.StorageType) Option {
 	return func(o *options) error {
 		o.storage = s
 		if s != jetstream.FileStorage && s != jetstream.MemoryStorage {
-			return locks.InvalidOption("storage must be file or memory, got %v", s)
+			return driver.InvalidOption("storage must be file or memory, got %v", s)
 		}
 		return nil
 	}

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // Phase is where a [Supervisor] stands.
@@ -213,8 +213,8 @@ func (c *Client) Supervisor(key, token string, svc Service) (*Supervisor, error)
 	if err := keys.Check(key); err != nil {
 		return nil, fmt.Errorf("natsputex: supervisor: %w", err)
 	}
-	if err := (locks.NameRule{What: "token", MaxLen: 1024, Char: printable}).Check(token); err != nil {
-		return nil, fmt.Errorf("natsputex: supervisor: %w", locks.InvalidOption("%v", err))
+	if err := (driver.NameRule{What: "token", MaxLen: 1024, Char: printable}).Check(token); err != nil {
+		return nil, fmt.Errorf("natsputex: supervisor: %w", driver.InvalidOption("%v", err))
 	}
 	own := timing{c.o.ttl(), time.Duration(c.o.confirm) * c.o.renew}
 	return &Supervisor{c: c, key: key, token: token, value: valueOf(token, own), svc: svc}, nil

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // identLife is how long a master keeps a Locker's identity key.
@@ -43,7 +43,7 @@ func (l *Locker) verify(ctx context.Context, m *master) error {
 			other = l.masters[first].addr
 		}
 		err := fmt.Errorf("redlockprio: master %d (%s) is the same server as master %d (%s): %w", m.index, m.addr, first, other,
-			locks.InvalidOption("masters must be independent servers"))
+			driver.InvalidOption("masters must be independent servers"))
 		l.dup.CompareAndSwap(nil, &err)
 		return *l.dup.Load()
 	}

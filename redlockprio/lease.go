@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // Lease is a lock or semaphore slot held on a quorum of the masters. It
@@ -39,7 +40,7 @@ type Lease struct {
 	releasing atomic.Bool // the release's calls to the masters have started
 
 	// Guarded by l.mu.
-	base        *locks.BaseLease // nil while the attempt is in flight
+	base        *driver.Lease // nil while the attempt is in flight
 	token       uint64
 	robbed      error // set when a thief's notice arrived
 	waitOver    bool  // the wait for this thief's victims is over
@@ -78,7 +79,7 @@ func (e *Lease) HolderID() string { return e.id }
 // expire after the TTL).
 func (e *Lease) Release(ctx context.Context) error { return e.base.Release(ctx) }
 
-// release deletes the lease's keys at the masters; it is the BaseLease's
+// release deletes the lease's keys at the masters; it is the driver.Lease's
 // Release hook.
 func (e *Lease) release(ctx context.Context) error {
 	e.letOnce.Do(func() { close(e.letGo) })
@@ -486,11 +487,11 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	e.slot = best.slot
 	e.key = keys[best.slot]
 	l.releaseExtra(ctx, e, extraFree)
-	spec := locks.LeaseSpec{Name: name, Token: token, Deadline: deadline, Release: e.release}
+	spec := driver.Spec{Name: name, Token: token, Deadline: deadline, Release: e.release}
 	if size > 1 {
 		spec.Slot = best.slot
 	}
-	base := locks.NewBaseLease(ctx, spec)
+	base := driver.NewLease(ctx, spec)
 
 	// Victims to tell: those of the slot we keep and of the others.
 	victims := l.victimsOf(grants)
@@ -505,7 +506,7 @@ func (l *Locker) acquire(ctx context.Context, name string, size int, floor *uint
 	}
 	l.mu.Unlock()
 	if robbed != nil || closing {
-		base.End(locks.Lost(errors.New("redlockprio: preempted while acquiring")))
+		base.End(driver.Lost(errors.New("redlockprio: preempted while acquiring")))
 		l.abandon(ctx, e, grants, others())
 		if closing {
 			return nil, fmt.Errorf("redlockprio: %q: %w", name, locks.ErrClosed)

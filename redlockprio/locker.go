@@ -19,11 +19,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // names is the rule for lock names: the name becomes a Redis Cluster hash
 // tag ({name}), so it must not contain braces.
-var names = locks.NameRule{
+var names = driver.NameRule{
 	What:   "redlockprio name",
 	MaxLen: 1024,
 	Char:   func(r rune) bool { return r != '{' && r != '}' && !unicode.IsControl(r) },
@@ -134,35 +135,35 @@ var _ locks.Locker = (*Locker)(nil)
 // stops waiting for them at the step's deadline.
 func New(masters []redis.UniversalClient, opts ...Option) (*Locker, error) {
 	if len(masters) == 0 {
-		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("at least one master is needed"))
+		return nil, fmt.Errorf("redlockprio: %w", driver.InvalidOption("at least one master is needed"))
 	}
 	ms := make([]*master, len(masters))
 	for i, c := range masters {
 		if isNil(c) {
-			return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("master %d is nil", i))
+			return nil, fmt.Errorf("redlockprio: %w", driver.InvalidOption("master %d is nil", i))
 		}
 		for _, m := range ms[:i] {
 			if sameClient(m.c, c) {
-				return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("master %d is given twice: masters must be independent", i))
+				return nil, fmt.Errorf("redlockprio: %w", driver.InvalidOption("master %d is given twice: masters must be independent", i))
 			}
 		}
 		ms[i] = &master{index: i, addr: addrOf(c), c: c, deadlines: honorsDeadlines(c), oneShot: oneShot(c)}
 	}
 	o := defaults()
-	if err := locks.Apply(&o, opts); err != nil {
+	if err := driver.Apply(&o, opts); err != nil {
 		return nil, fmt.Errorf("redlockprio: %w", err)
 	}
 	if len(ms) == 2 && !o.twoMasters {
-		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("two masters tolerate no failure (their quorum is both): use 1, 3 or more, or WithTwoMasters"))
+		return nil, fmt.Errorf("redlockprio: %w", driver.InvalidOption("two masters tolerate no failure (their quorum is both): use 1, 3 or more, or WithTwoMasters"))
 	}
 	if d := o.driftFor(); d >= o.ttl/2 {
-		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("drift allowance %v leaves too little of the TTL %v", d, o.ttl))
+		return nil, fmt.Errorf("redlockprio: %w", driver.InvalidOption("drift allowance %v leaves too little of the TTL %v", d, o.ttl))
 	}
 	callTO := o.callTimeoutFor()
 	if most := (o.ttl - o.driftFor()) / 2; most < minCallTimeout {
-		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("TTL %v is too short: a step would have %v per master call ((TTL − drift)/2), under %v", o.ttl, most, minCallTimeout))
+		return nil, fmt.Errorf("redlockprio: %w", driver.InvalidOption("TTL %v is too short: a step would have %v per master call ((TTL − drift)/2), under %v", o.ttl, most, minCallTimeout))
 	} else if callTO > most || callTO < minCallTimeout {
-		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("call timeout %v must be in [%v, (TTL − drift)/2 = %v]", callTO, minCallTimeout, most))
+		return nil, fmt.Errorf("redlockprio: %w", driver.InvalidOption("call timeout %v must be in [%v, (TTL − drift)/2 = %v]", callTO, minCallTimeout, most))
 	}
 	// See WithRenewInterval for why a third of the validity.
 	maxRenew := (o.ttl - o.driftFor()) / 3
@@ -170,7 +171,7 @@ func New(masters []redis.UniversalClient, opts ...Option) (*Locker, error) {
 		o.renew = maxRenew
 	}
 	if o.renew > maxRenew {
-		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("renew interval %v must be at most (TTL − drift)/3 = %v", o.renew, maxRenew))
+		return nil, fmt.Errorf("redlockprio: %w", driver.InvalidOption("renew interval %v must be at most (TTL − drift)/3 = %v", o.renew, maxRenew))
 	}
 	id := o.holderID
 	if id == "" {
@@ -331,7 +332,7 @@ func (l *Locker) wait(ctx context.Context, name string, size int) (locks.Lease, 
 	if cerr := ctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
 		// ctx ended while the attempt failed for another reason (it was
 		// robbed while it waited for its victim, say): say ctx's error,
-		// as locks.Wait does.
+		// as driver.Wait does.
 		return nil, fmt.Errorf("redlockprio: lock %q: %w (the attempt: %v)", name, cerr, err)
 	}
 	if err == nil || !errors.Is(err, locks.ErrNotAcquired) || ctx.Err() != nil {
@@ -339,7 +340,7 @@ func (l *Locker) wait(ctx context.Context, name string, size int) (locks.Lease, 
 	}
 	wake, stop := l.watch(ctx, l.relChannel(name))
 	defer stop()
-	return locks.Wait(ctx, wake, l.o.backoff, func(ctx context.Context) (locks.Lease, error) {
+	return driver.Wait(ctx, wake, l.o.backoff, func(ctx context.Context) (locks.Lease, error) {
 		return l.acquire(ctx, name, size, &floor)
 	})
 }
@@ -367,7 +368,7 @@ func (l *Locker) Close() error {
 	}
 	l.mu.Unlock()
 
-	cause := locks.Lost(fmt.Errorf("redlockprio: locker %s: %w", l.id, locks.ErrClosed))
+	cause := driver.Lost(fmt.Errorf("redlockprio: locker %s: %w", l.id, locks.ErrClosed))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	var wg sync.WaitGroup
 	for _, e := range held {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // Notifications travel over Redis pub/sub, on every master, through one
@@ -225,13 +225,13 @@ func (l *Locker) notice(vid, reply, thief string) {
 		return
 	}
 	var (
-		base    *locks.BaseLease
+		base    *driver.Lease
 		settled chan struct{}
 		letGo   chan struct{}
 		cause   error
 	)
 	if e != nil {
-		cause = locks.Preempted(fmt.Errorf("redlockprio: %q taken by %s", e.name, thief))
+		cause = driver.Preempted(fmt.Errorf("redlockprio: %q taken by %s", e.name, thief))
 		if e.robbed == nil {
 			e.robbed = cause
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // driftConstant is added to TTL·driftFactor to allow for the masters'
@@ -83,7 +84,7 @@ type Option func(*options) error
 func WithTTL(d time.Duration) Option {
 	return func(o *options) error {
 		o.ttl = d
-		return locks.Positive("TTL", d)
+		return driver.Positive("TTL", d)
 	}
 }
 
@@ -97,7 +98,7 @@ func WithTTL(d time.Duration) Option {
 func WithRenewInterval(d time.Duration) Option {
 	return func(o *options) error {
 		o.renew = d
-		return locks.Positive("renew interval", d)
+		return driver.Positive("renew interval", d)
 	}
 }
 
@@ -108,7 +109,7 @@ func WithRenewInterval(d time.Duration) Option {
 func WithDriftFactor(f float64) Option {
 	return func(o *options) error {
 		o.drift = f
-		return locks.Fraction("drift factor", f)
+		return driver.Fraction("drift factor", f)
 	}
 }
 
@@ -120,7 +121,7 @@ func WithPriority(p int) Option {
 	return func(o *options) error {
 		o.priority = p
 		if p < math.MinInt32 || p > math.MaxInt32 {
-			return locks.InvalidOption("priority must be within [%d, %d], got %d", math.MinInt32, math.MaxInt32, p)
+			return driver.InvalidOption("priority must be within [%d, %d], got %d", math.MinInt32, math.MaxInt32, p)
 		}
 		return nil
 	}
@@ -146,7 +147,7 @@ func WithHolderID(id string) Option {
 	return func(o *options) error {
 		o.holderID = id
 		if id == "" || len(id) > 200 || strings.ContainsAny(id, "|{}") || strings.IndexFunc(id, isControl) >= 0 {
-			return locks.InvalidOption("holder id must be 1 to 200 printable bytes without '|', '{' or '}', got %q", id)
+			return driver.InvalidOption("holder id must be 1 to 200 printable bytes without '|', '{' or '}', got %q", id)
 		}
 		return nil
 	}
@@ -160,7 +161,7 @@ func WithKeyPrefix(p string) Option {
 	return func(o *options) error {
 		o.prefix = p
 		if strings.ContainsAny(p, "{}|") || strings.IndexFunc(p, isControl) >= 0 {
-			return locks.InvalidOption("key prefix must not contain '{', '}', '|' or control characters, got %q", p)
+			return driver.InvalidOption("key prefix must not contain '{', '}', '|' or control characters, got %q", p)
 		}
 		return nil
 	}
@@ -180,7 +181,7 @@ func WithUnsafeStolenConsistencyFactor(f float64) Option {
 	return func(o *options) error {
 		o.unsafeSteal = f
 		if !(f >= 0 && f <= 1) {
-			return locks.InvalidOption("stolen consistency factor must be in [0, 1], got %v", f)
+			return driver.InvalidOption("stolen consistency factor must be in [0, 1], got %v", f)
 		}
 		return nil
 	}
@@ -200,7 +201,7 @@ func WithUnsafeStolenConsistencyFactor(f float64) Option {
 func WithCallTimeout(d time.Duration) Option {
 	return func(o *options) error {
 		o.callTimeout = d
-		return locks.Positive("call timeout", d)
+		return driver.Positive("call timeout", d)
 	}
 }
 

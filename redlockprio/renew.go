@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // startRenewerLocked starts the Locker's one renewal goroutine unless it
@@ -156,14 +156,14 @@ func (l *Locker) renewBatch(batch []*Lease, tokens []uint64) {
 		case ok >= l.quorum:
 			e.base.Extend(deadline)
 		case ok+unknown < l.quorum && pre > 0:
-			e.base.End(locks.Preempted(fmt.Errorf("redlockprio: %q taken by a higher priority on %d masters", e.name, pre)))
+			e.base.End(driver.Preempted(fmt.Errorf("redlockprio: %q taken by a higher priority on %d masters", e.name, pre)))
 		case ok+unknown < l.quorum:
-			e.base.End(locks.Lost(fmt.Errorf("redlockprio: %q: keys gone or taken on %d masters: %w", e.name, gone+pre+closed,
+			e.base.End(driver.Lost(fmt.Errorf("redlockprio: %q: keys gone or taken on %d masters: %w", e.name, gone+pre+closed,
 				&QuorumError{Got: ok, Need: l.quorum, Errs: errs})))
 		case time.Until(e.base.Deadline()) < l.o.renew+l.drift:
 			// The next tick could come too late: give up now, before the
 			// validity runs out.
-			e.base.End(locks.Lost(fmt.Errorf("redlockprio: %q: renewal failed: %w", e.name,
+			e.base.End(driver.Lost(fmt.Errorf("redlockprio: %q: renewal failed: %w", e.name,
 				&QuorumError{Got: ok, Need: l.quorum, Errs: errs})))
 		}
 	}

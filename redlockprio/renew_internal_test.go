@@ -13,6 +13,7 @@ import (
 
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // TestRenewRoundEndsBeforeEarliestDeadline: a renewal round whose masters
@@ -42,7 +43,7 @@ func TestRenewRoundEndsBeforeEarliestDeadline(t *testing.T) {
 	// acquisition was slow, say.
 	deadline := time.Now().Add(renew / 2)
 	e := &Lease{l: l, name: "n", id: "id", key: l.key("n", 1), fence: l.fenceKey("n"), settled: make(chan struct{})}
-	e.base = locks.NewBaseLease(context.Background(), locks.LeaseSpec{Name: "n", Deadline: deadline})
+	e.base = driver.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: deadline})
 	l.renewBatch([]*Lease{e}, []uint64{1})
 	returned := time.Now()
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // Semaphore is a [locks.Semaphore] of one [Locker]: at most size leases
@@ -27,7 +28,7 @@ var _ locks.Semaphore = (*Semaphore)(nil)
 // returns an error matching [locks.ErrInvalidOption].
 func (l *Locker) Semaphore(size int) (*Semaphore, error) {
 	if size < 1 || size > maxSlots {
-		return nil, fmt.Errorf("redlockprio: %w", locks.InvalidOption("semaphore size must be in [1, %d], got %d", maxSlots, size))
+		return nil, fmt.Errorf("redlockprio: %w", driver.InvalidOption("semaphore size must be in [1, %d], got %d", maxSlots, size))
 	}
 	return &Semaphore{l: l, size: size}, nil
 }

@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // names is the rule memlock applies to names, so that tests of user code
 // catch empty or garbled names as a real backend would.
-var names = locks.NameRule{What: "memlock name", MaxLen: 1024}
+var names = driver.NameRule{What: "memlock name", MaxLen: 1024}
 
 // Store is the in-memory broker: all clients made from one Store contend
 // for the same names. The zero Store is not usable; call [New].
@@ -32,7 +33,7 @@ type entry struct {
 
 type hold struct {
 	client   *Client
-	lease    *locks.BaseLease
+	lease    *driver.Lease
 	expires  time.Time
 	priority int
 }
@@ -69,14 +70,14 @@ const (
 // return an error matching [locks.ErrInvalidOption].
 func (s *Store) NewClient(opts ...Option) (*Client, error) {
 	o := defaults()
-	if err := locks.Apply(&o, opts); err != nil {
+	if err := driver.Apply(&o, opts); err != nil {
 		return nil, fmt.Errorf("memlock: %w", err)
 	}
 	if o.renew == 0 {
 		o.renew = o.ttl / 3
 	}
 	if o.renew >= o.ttl {
-		return nil, fmt.Errorf("memlock: %w", locks.InvalidOption("renew interval %v must be shorter than the TTL %v", o.renew, o.ttl))
+		return nil, fmt.Errorf("memlock: %w", driver.InvalidOption("renew interval %v must be shorter than the TTL %v", o.renew, o.ttl))
 	}
 	s.mu.Lock()
 	s.nextID++
@@ -100,7 +101,7 @@ func (c *Client) ID() string { return c.id }
 // Close releases every lease the client holds and makes its Lockers and
 // Semaphores return [locks.ErrClosed]. Close is idempotent.
 func (c *Client) Close() error {
-	return c.stop(closed, locks.Lost(fmt.Errorf("memlock: client %s: %w", c.id, locks.ErrClosed)))
+	return c.stop(closed, driver.Lost(fmt.Errorf("memlock: client %s: %w", c.id, locks.ErrClosed)))
 }
 
 // Kill simulates a crash: the client stops renewing, its leases end at
@@ -108,7 +109,7 @@ func (c *Client) Close() error {
 // their TTL runs out, as a broker would for a dead process. Later calls
 // return [locks.ErrClosed].
 func (c *Client) Kill() error {
-	return c.stop(killed, locks.Lost(fmt.Errorf("memlock: client %s killed", c.id)))
+	return c.stop(killed, driver.Lost(fmt.Errorf("memlock: client %s killed", c.id)))
 }
 
 func (c *Client) stop(to clientState, cause error) error {
@@ -137,7 +138,7 @@ func (c *Client) stop(to clientState, cause error) error {
 }
 
 // acquire tries once to win a slot of name among the first size slots.
-func (c *Client) acquire(ctx context.Context, name string, size int) (*locks.BaseLease, error) {
+func (c *Client) acquire(ctx context.Context, name string, size int) (*driver.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -171,7 +172,7 @@ func (c *Client) acquire(ctx context.Context, name string, size int) (*locks.Bas
 	}
 	e.counter++
 	h := &hold{client: c, expires: now.Add(c.opts.ttl), priority: c.opts.priority}
-	h.lease = locks.NewBaseLease(ctx, locks.LeaseSpec{
+	h.lease = driver.NewLease(ctx, driver.Spec{
 		Name:     name,
 		Token:    e.counter,
 		Slot:     slot + 1,
@@ -185,7 +186,7 @@ func (c *Client) acquire(ctx context.Context, name string, size int) (*locks.Bas
 	if preempted != nil {
 		// In one process the victim's acknowledgement is immediate: its
 		// lease has ended before the thief's call returns.
-		preempted.lease.End(locks.Preempted(fmt.Errorf("memlock: %q taken by %s with priority %d", name, c.id, c.opts.priority)))
+		preempted.lease.End(driver.Preempted(fmt.Errorf("memlock: %q taken by %s with priority %d", name, c.id, c.opts.priority)))
 	}
 	h.lease.KeepAlive(c.opts.renew, func(context.Context) (time.Time, error) { return s.renew(h) })
 	return h.lease, nil
@@ -218,12 +219,12 @@ func (s *Store) renew(h *hold) (time.Time, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if h.client.state != alive {
-		return time.Time{}, locks.Lost(errors.New("memlock: client is not alive"))
+		return time.Time{}, driver.Lost(errors.New("memlock: client is not alive"))
 	}
 	now := time.Now()
 	if !s.holdsLocked(h) || !h.expires.After(now) {
 		s.dropLocked(h)
-		return time.Time{}, locks.Lost(fmt.Errorf("memlock: %q expired or was taken away", h.lease.Name()))
+		return time.Time{}, driver.Lost(fmt.Errorf("memlock: %q expired or was taken away", h.lease.Name()))
 	}
 	h.expires = now.Add(h.client.opts.ttl)
 	return h.expires, nil
@@ -277,7 +278,7 @@ func (c *Client) wait(ctx context.Context, name string, size int) (locks.Lease, 
 		delete(e.waiters, wake)
 		s.mu.Unlock()
 	}()
-	return locks.Wait(ctx, wake, c.opts.backoff, func(ctx context.Context) (locks.Lease, error) {
+	return driver.Wait(ctx, wake, c.opts.backoff, func(ctx context.Context) (locks.Lease, error) {
 		return c.acquire(ctx, name, size)
 	})
 }
@@ -299,7 +300,7 @@ func (s *Store) Revoke(name string) int {
 	}
 	s.mu.Unlock()
 	for _, h := range gone {
-		h.lease.End(locks.Lost(fmt.Errorf("memlock: %q revoked", name)))
+		h.lease.End(driver.Lost(fmt.Errorf("memlock: %q revoked", name)))
 	}
 	return len(gone)
 }
@@ -364,7 +365,7 @@ var _ locks.Semaphore = (*Semaphore)(nil)
 // different sizes may share a name: each counts only the first size slots.
 func (c *Client) Semaphore(size int) (*Semaphore, error) {
 	if size < 1 {
-		return nil, fmt.Errorf("memlock: %w", locks.InvalidOption("semaphore size must be >= 1, got %d", size))
+		return nil, fmt.Errorf("memlock: %w", driver.InvalidOption("semaphore size must be >= 1, got %d", size))
 	}
 	return &Semaphore{c: c, size: size}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 type options struct {
@@ -25,7 +26,7 @@ type Option func(*options) error
 func WithTTL(d time.Duration) Option {
 	return func(o *options) error {
 		o.ttl = d
-		return locks.Positive("TTL", d)
+		return driver.Positive("TTL", d)
 	}
 }
 
@@ -34,7 +35,7 @@ func WithTTL(d time.Duration) Option {
 func WithRenewInterval(d time.Duration) Option {
 	return func(o *options) error {
 		o.renew = d
-		return locks.Positive("renew interval", d)
+		return driver.Positive("renew interval", d)
 	}
 }
 

@@ -1,4 +1,4 @@
-package locks
+package driver
 
 import (
 	"context"
@@ -6,16 +6,19 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
 )
 
-// LeaseSpec describes a lease a backend has just won, for [NewBaseLease].
-type LeaseSpec struct {
+// Spec describes a lease a backend has just won, for [Registry.NewLease]
+// (or [NewLease]).
+type Spec struct {
 	Name  string
 	Token uint64 // fencing token, 0 if the backend has none
 	Slot  int    // semaphore slot from 1, 0 for a lock
 
 	// Deadline, if not zero, is when the lease ends by itself with
-	// [ErrLost] unless [BaseLease.Extend] moves it first. TTL-based
+	// [locks.ErrLost] unless [Lease.Extend] moves it first. TTL-based
 	// backends set it to the end of the validity they can prove.
 	Deadline time.Time
 
@@ -25,16 +28,18 @@ type LeaseSpec struct {
 	Release func(ctx context.Context) error
 }
 
-// BaseLease is the lease state machine every backend builds on: it owns
-// the lease's context and its end cause, the validity deadline, the
-// renewal loop and the release-once logic. It implements [Lease] and
-// [SlotLease].
+// Lease is the lease state machine every backend builds on: it owns the
+// lease's context and its end cause, the validity deadline and the
+// release-once logic; its [Registry] renews it. It implements
+// [locks.SlotLease], but a backend hands users [Lease.Handle], never the
+// Lease itself, so that Extend and End stay the backend's.
 //
-// A lease is live until its first end: Release, [BaseLease.End] (loss or
+// A lease is live until its first end: Release, [Lease.End] (loss or
 // preemption reported by the backend) or its deadline passing. The end
 // cause never changes afterwards. All methods are safe for concurrent use.
-type BaseLease struct {
-	spec   LeaseSpec
+type Lease struct {
+	spec   Spec
+	reg    *Registry       // nil for a lease made by NewLease
 	ctx    context.Context // ends with the lease; internal use
 	pub    *leaseContext   // ctx as Context returns it
 	cancel context.CancelCauseFunc
@@ -42,20 +47,25 @@ type BaseLease struct {
 	mu       sync.Mutex
 	deadline time.Time
 	timer    *time.Timer
+	// renewing counts the renewal rounds (or the KeepAlive loop) under
+	// way with this lease; Release waits for them before it tells the
+	// broker. Add only under mu while the lease is live.
 	renewing sync.WaitGroup
 
 	releaseOnce sync.Once
 	releaseErr  error
 }
 
-var _ SlotLease = (*BaseLease)(nil)
+var _ locks.SlotLease = (*Lease)(nil)
 
-// NewBaseLease returns a live lease described by spec. Its context carries
-// parent's values but not its cancellation: the call that acquired a lease
-// may end long before the lease does.
-func NewBaseLease(parent context.Context, spec LeaseSpec) *BaseLease {
+// NewLease returns a live lease described by spec that belongs to no
+// [Registry]: nothing renews it, and no Close ends it. Backends use
+// [Registry.NewLease]. Its context carries parent's values but not its
+// cancellation: the call that acquired a lease may end long before the
+// lease does.
+func NewLease(parent context.Context, spec Spec) *Lease {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
-	l := &BaseLease{spec: spec, ctx: ctx, cancel: cancel}
+	l := &Lease{spec: spec, ctx: ctx, cancel: cancel}
 	l.pub = &leaseContext{Context: ctx, l: l}
 	if !spec.Deadline.IsZero() {
 		l.Extend(spec.Deadline)
@@ -64,25 +74,25 @@ func NewBaseLease(parent context.Context, spec LeaseSpec) *BaseLease {
 }
 
 // Name returns the name the lease was acquired on.
-func (l *BaseLease) Name() string { return l.spec.Name }
+func (l *Lease) Name() string { return l.spec.Name }
 
 // Token returns the fencing token, 0 if the backend has none.
-func (l *BaseLease) Token() uint64 { return l.spec.Token }
+func (l *Lease) Token() uint64 { return l.spec.Token }
 
 // Slot returns the semaphore slot from 1, or 0 for a lock.
-func (l *BaseLease) Slot() int { return l.spec.Slot }
+func (l *Lease) Slot() int { return l.spec.Slot }
 
 // Context returns the context that ends with the lease. Its Err checks
 // the validity deadline itself, so that a process resumed after a pause
 // (SIGSTOP, a long GC, a suspended VM) sees its lease ended on its first
 // check, before the timer that ends it has had a chance to run.
-func (l *BaseLease) Context() context.Context { return l.pub }
+func (l *Lease) Context() context.Context { return l.pub }
 
 // leaseContext is a lease's context whose Err ends the lease at once when
 // its deadline has passed, rather than leaving that to the timer.
 type leaseContext struct {
 	context.Context
-	l *BaseLease
+	l *Lease
 }
 
 func (c *leaseContext) Err() error {
@@ -99,7 +109,7 @@ func (c *leaseContext) Err() error {
 
 // Deadline returns the current validity deadline, zero if the lease has
 // none.
-func (l *BaseLease) Deadline() time.Time {
+func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.deadline
@@ -107,7 +117,7 @@ func (l *BaseLease) Deadline() time.Time {
 
 // Extend moves the validity deadline to until and reports whether the
 // lease is still live. A deadline already past ends the lease at once.
-func (l *BaseLease) Extend(until time.Time) bool {
+func (l *Lease) Extend(until time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ctx.Err() != nil {
@@ -123,7 +133,7 @@ func (l *BaseLease) Extend(until time.Time) bool {
 	return true
 }
 
-func (l *BaseLease) expire() {
+func (l *Lease) expire() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if d := time.Until(l.deadline); d > 0 { // moved by a concurrent Extend
@@ -136,7 +146,7 @@ func (l *BaseLease) expire() {
 }
 
 // expired is the cause of a lease whose deadline passed.
-func (l *BaseLease) expired() error {
+func (l *Lease) expired() error {
 	return Lost(fmt.Errorf("%q: validity deadline passed without a renewal", l.spec.Name))
 }
 
@@ -144,13 +154,13 @@ func (l *BaseLease) expired() error {
 // whether this call ended it. Backends call it with [Lost] or [Preempted]
 // when the broker tells them the lease is gone. It does not touch the
 // broker: call Release for that.
-func (l *BaseLease) End(cause error) bool {
+func (l *Lease) End(cause error) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.endLocked(cause)
 }
 
-func (l *BaseLease) endLocked(cause error) bool {
+func (l *Lease) endLocked(cause error) bool {
 	if l.ctx.Err() != nil {
 		return false
 	}
@@ -162,20 +172,20 @@ func (l *BaseLease) endLocked(cause error) bool {
 }
 
 // Live reports whether the lease has not ended yet, its deadline
-// included (see [BaseLease.Context]).
-func (l *BaseLease) Live() bool { return l.pub.Err() == nil }
+// included (see [Lease.Context]).
+func (l *Lease) Live() bool { return l.pub.Err() == nil }
 
 // KeepAlive starts the lease's renewal loop: every interval it calls renew
 // with a context that ends at the lease's deadline or its end. When renew
 // returns a deadline, the lease is extended to it; when renew's error
-// matches [ErrLost] or [ErrPreempted], the lease ends with that cause at
+// matches [locks.ErrLost] or [locks.ErrPreempted], the lease ends with that cause at
 // once; any other error is retried on the next tick, and the deadline ends
 // the lease if no renewal lands in time. The loop stops when the lease
 // ends; Release waits for it before it calls the broker.
 //
 // KeepAlive must be called at most once. On a lease that has already
 // ended (released by another goroutine, say) it does nothing.
-func (l *BaseLease) KeepAlive(interval time.Duration, renew func(ctx context.Context) (time.Time, error)) {
+func (l *Lease) KeepAlive(interval time.Duration, renew func(ctx context.Context) (time.Time, error)) {
 	// Under l.mu, so that Release, which ends the lease under l.mu before
 	// it waits for the loop, either sees this Add or stops it starting.
 	l.mu.Lock()
@@ -201,30 +211,27 @@ func (l *BaseLease) KeepAlive(interval time.Duration, renew func(ctx context.Con
 			switch {
 			case err == nil:
 				l.Extend(until)
-			case errors.Is(err, ErrLost):
+			case errors.Is(err, locks.ErrLost):
 				l.End(err)
 			}
 		}
 	}()
 }
 
-func (l *BaseLease) renewContext() (context.Context, context.CancelFunc) {
+func (l *Lease) renewContext() (context.Context, context.CancelFunc) {
 	if dl := l.Deadline(); !dl.IsZero() {
 		return context.WithDeadline(l.ctx, dl)
 	}
 	return context.WithCancel(l.ctx)
 }
 
-// Release ends the lease with [ErrReleased], waits for the renewal loop to
-// stop and frees the lease at the broker; see [Lease.Release].
-func (l *BaseLease) Release(ctx context.Context) error {
+// Release ends the lease with [locks.ErrReleased], waits for any renewal
+// under way to finish and frees the lease at the broker; see
+// [locks.Lease.Release].
+func (l *Lease) Release(ctx context.Context) error {
 	l.releaseOnce.Do(func() {
-		released := l.End(ErrReleased)
-		l.renewing.Wait()
-		var err error
-		if l.spec.Release != nil {
-			err = l.spec.Release(ctx)
-		}
+		released := l.End(locks.ErrReleased)
+		err := l.free(ctx)
 		// A lease that had ended already reports why (ErrLost...), also
 		// when the cleanup at the broker failed too.
 		var errs []error
@@ -238,8 +245,54 @@ func (l *BaseLease) Release(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 		if len(errs) > 0 {
-			l.releaseErr = fmt.Errorf("locks: release %q: %w", l.spec.Name, errors.Join(errs...))
+			l.releaseErr = Errorf(l.backend(), "release", l.spec.Name, errors.Join(errs...))
 		}
 	})
 	return l.releaseErr
 }
+
+// free waits for the renewals under way, calls the spec's Release, and
+// forgets the lease in its registry. It returns the broker's error.
+func (l *Lease) free(ctx context.Context) error {
+	l.renewing.Wait()
+	var err error
+	if l.spec.Release != nil {
+		err = l.spec.Release(ctx)
+	}
+	if l.reg != nil {
+		l.reg.forget(l)
+	}
+	return err
+}
+
+func (l *Lease) backend() string {
+	if l.reg != nil {
+		return l.reg.backend
+	}
+	return "locks"
+}
+
+// joinRound counts the lease into a renewal round unless it has ended,
+// and reports whether it did; the round calls l.renewing.Done after.
+func (l *Lease) joinRound() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx.Err() != nil {
+		return false
+	}
+	l.renewing.Add(1)
+	return true
+}
+
+// Handle returns the lease as users see it: a [locks.SlotLease] whose
+// methods are the lease's, without Extend, End or the rest of the
+// backend's side. Every call returns an equal value.
+func (l *Lease) Handle() locks.SlotLease { return handle{l} }
+
+type handle struct{ l *Lease }
+
+func (h handle) Name() string                      { return h.l.Name() }
+func (h handle) Context() context.Context          { return h.l.Context() }
+func (h handle) Token() uint64                     { return h.l.Token() }
+func (h handle) Slot() int                         { return h.l.Slot() }
+func (h handle) Release(ctx context.Context) error { return h.l.Release(ctx) }

@@ -1,10 +1,12 @@
-package locks
+package driver
 
 import (
 	"fmt"
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/latchkey-go/latchkey/locks"
 )
 
 // NameRule says which names a broker accepts. The zero NameRule accepts any
@@ -17,14 +19,14 @@ type NameRule struct {
 }
 
 // Check returns nil if name is legal under r, else an error matching
-// [ErrInvalidName] that says why. It does no I/O.
+// [locks.ErrInvalidName] that says why. It does no I/O.
 func (r NameRule) Check(name string) error {
 	what := r.What
 	if what == "" {
 		what = "name"
 	}
 	bad := func(why string, args ...any) error {
-		return fmt.Errorf("%w %q: %s %s", ErrInvalidName, name, what, fmt.Sprintf(why, args...))
+		return fmt.Errorf("%w %q: %s %s", locks.ErrInvalidName, name, what, fmt.Sprintf(why, args...))
 	}
 	switch {
 	case name == "":
@@ -41,13 +43,13 @@ func (r NameRule) Check(name string) error {
 	}
 	if r.Extra != nil {
 		if err := r.Extra(name); err != nil {
-			return fmt.Errorf("%w %q: %w", ErrInvalidName, name, err)
+			return fmt.Errorf("%w %q: %w", locks.ErrInvalidName, name, err)
 		}
 	}
 	return nil
 }
 
-// Positive returns an error matching [ErrInvalidOption] unless d > 0.
+// Positive returns an error matching [locks.ErrInvalidOption] unless d > 0.
 // what names the option in the message.
 func Positive(what string, d time.Duration) error {
 	if d <= 0 {
@@ -56,7 +58,7 @@ func Positive(what string, d time.Duration) error {
 	return nil
 }
 
-// Fraction returns an error matching [ErrInvalidOption] unless 0 <= f < 1.
+// Fraction returns an error matching [locks.ErrInvalidOption] unless 0 <= f < 1.
 func Fraction(what string, f float64) error {
 	if !(f >= 0 && f < 1) { // also rejects NaN
 		return InvalidOption("%s must be in [0, 1), got %v", what, f)
@@ -74,6 +76,33 @@ func Apply[O any, F ~func(*O) error](o *O, opts []F) error {
 		}
 		if err := opt(o); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// MaxHolderIDLen is the longest holder id [CheckHolderID] accepts, in
+// bytes.
+const MaxHolderIDLen = 200
+
+// CheckHolderID is the one rule for the holder ids every backend's
+// WithHolderID takes: 1 to [MaxHolderIDLen] bytes of valid UTF-8, every
+// character printable ([unicode.IsPrint]: no control characters, no
+// spaces other than U+0020), and none of '|', '{' and '}', which some
+// brokers' key and value layouts reserve. It returns nil or an error
+// matching [locks.ErrInvalidOption] that says why.
+func CheckHolderID(id string) error {
+	switch {
+	case id == "":
+		return InvalidOption("holder id must not be empty")
+	case !utf8.ValidString(id):
+		return InvalidOption("holder id %q must be valid UTF-8", id)
+	case len(id) > MaxHolderIDLen:
+		return InvalidOption("holder id is %d bytes long, longer than %d", len(id), MaxHolderIDLen)
+	}
+	for i, c := range id {
+		if !unicode.IsPrint(c) || c == '|' || c == '{' || c == '}' {
+			return InvalidOption("holder id %q must not contain %q (byte %d)", id, c, i)
 		}
 	}
 	return nil

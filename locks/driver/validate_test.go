@@ -1,4 +1,4 @@
-package locks_test
+package driver_test
 
 import (
 	"errors"
@@ -9,9 +9,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
-var natsLike = locks.NameRule{
+var natsLike = driver.NameRule{
 	What:   "key",
 	MaxLen: 64,
 	Char: func(r rune) bool {
@@ -40,7 +41,7 @@ func TestNameRule(t *testing.T) {
 			t.Errorf("Check(%q) = %v", name, err)
 		}
 	}
-	var any locks.NameRule
+	var any driver.NameRule
 	if err := any.Check("tab\there"); !errors.Is(err, locks.ErrInvalidName) {
 		t.Errorf("zero rule accepted a control character: %v", err)
 	}
@@ -54,7 +55,7 @@ func FuzzNameRule(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
-		for _, r := range []locks.NameRule{{}, natsLike} {
+		for _, r := range []driver.NameRule{{}, natsLike} {
 			err := r.Check(name)
 			if err != nil && !errors.Is(err, locks.ErrInvalidName) {
 				t.Fatalf("Check(%q) = %v: not ErrInvalidName", name, err)
@@ -67,24 +68,24 @@ func FuzzNameRule(f *testing.F) {
 }
 
 func TestOptionHelpers(t *testing.T) {
-	if err := locks.Positive("ttl", 0); !errors.Is(err, locks.ErrInvalidOption) || !strings.Contains(err.Error(), "ttl") {
+	if err := driver.Positive("ttl", 0); !errors.Is(err, locks.ErrInvalidOption) || !strings.Contains(err.Error(), "ttl") {
 		t.Errorf("Positive(0) = %v", err)
 	}
-	if err := locks.Positive("ttl", time.Second); err != nil {
+	if err := driver.Positive("ttl", time.Second); err != nil {
 		t.Error(err)
 	}
 	for _, f := range []float64{-0.1, 1, math.NaN(), math.Inf(1)} {
-		if err := locks.Fraction("drift", f); !errors.Is(err, locks.ErrInvalidOption) {
+		if err := driver.Fraction("drift", f); !errors.Is(err, locks.ErrInvalidOption) {
 			t.Errorf("Fraction(%v) = %v", f, err)
 		}
 	}
-	if err := locks.Fraction("drift", 0.01); err != nil {
+	if err := driver.Fraction("drift", 0.01); err != nil {
 		t.Error(err)
 	}
 	type opts struct{ n int }
 	type option func(*opts) error
 	var o opts
-	err := locks.Apply(&o, []option{nil, func(o *opts) error { o.n = 1; return nil }, func(*opts) error { return locks.InvalidOption("bad") }})
+	err := driver.Apply(&o, []option{nil, func(o *opts) error { o.n = 1; return nil }, func(*opts) error { return driver.InvalidOption("bad") }})
 	if !errors.Is(err, locks.ErrInvalidOption) || o.n != 1 {
 		t.Errorf("Apply = %v, n = %d", err, o.n)
 	}

@@ -1,4 +1,4 @@
-package locks_test
+package driver_test
 
 import (
 	"context"
@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
-func TestBaseLeaseReleaseOnce(t *testing.T) {
+func TestLeaseReleaseOnce(t *testing.T) {
 	var calls atomic.Int32
-	var l *locks.BaseLease
-	l = locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+	var l *driver.Lease
+	l = driver.NewLease(context.Background(), driver.Spec{
 		Name: "n", Token: 7, Slot: 2,
 		Release: func(ctx context.Context) error {
 			calls.Add(1)
@@ -60,14 +61,14 @@ func TestBaseLeaseReleaseOnce(t *testing.T) {
 	}
 }
 
-// TestBaseLeaseReleaseOrder: Release ends the lease's context with
+// TestLeaseReleaseOrder: Release ends the lease's context with
 // ErrReleased and waits for the renewal loop to stop before it calls the
 // broker, so no renewal can race with the release.
-func TestBaseLeaseReleaseOrder(t *testing.T) {
+func TestLeaseReleaseOrder(t *testing.T) {
 	var renewing, renewals atomic.Int32
-	var l *locks.BaseLease
+	var l *driver.Lease
 	brokerTold := make(chan struct{})
-	l = locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+	l = driver.NewLease(context.Background(), driver.Spec{
 		Name: "n", Deadline: time.Now().Add(time.Minute),
 		Release: func(context.Context) error {
 			defer close(brokerTold)
@@ -107,9 +108,9 @@ func TestBaseLeaseReleaseOrder(t *testing.T) {
 
 type ctxKey struct{}
 
-func TestBaseLeaseKeepsValuesNotCancellation(t *testing.T) {
+func TestLeaseKeepsValuesNotCancellation(t *testing.T) {
 	parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "trace"))
-	l := locks.NewBaseLease(parent, locks.LeaseSpec{Name: "n"})
+	l := driver.NewLease(parent, driver.Spec{Name: "n"})
 	cancel()
 	if err := l.Context().Err(); err != nil {
 		t.Fatalf("the acquiring call's cancellation ended the lease: %v", err)
@@ -120,9 +121,9 @@ func TestBaseLeaseKeepsValuesNotCancellation(t *testing.T) {
 	_ = l.Release(context.Background())
 }
 
-func TestBaseLeaseDeadline(t *testing.T) {
+func TestLeaseDeadline(t *testing.T) {
 	var released atomic.Bool
-	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+	l := driver.NewLease(context.Background(), driver.Spec{
 		Name: "n", Deadline: time.Now().Add(30 * time.Millisecond),
 		Release: func(context.Context) error { released.Store(true); return nil },
 	})
@@ -156,12 +157,12 @@ func TestBaseLeaseDeadline(t *testing.T) {
 	}
 }
 
-func TestBaseLeaseEndIsFinal(t *testing.T) {
-	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{Name: "n"})
-	if !l.End(locks.Preempted(errors.New("by a higher priority"))) {
+func TestLeaseEndIsFinal(t *testing.T) {
+	l := driver.NewLease(context.Background(), driver.Spec{Name: "n"})
+	if !l.End(driver.Preempted(errors.New("by a higher priority"))) {
 		t.Fatal("first End reported false")
 	}
-	if l.End(locks.Lost(nil)) {
+	if l.End(driver.Lost(nil)) {
 		t.Fatal("second End reported true")
 	}
 	cause := context.Cause(l.Context())
@@ -173,7 +174,7 @@ func TestBaseLeaseEndIsFinal(t *testing.T) {
 func TestKeepAlive(t *testing.T) {
 	var renewals atomic.Int32
 	fail := make(chan error, 1)
-	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+	l := driver.NewLease(context.Background(), driver.Spec{
 		Name: "n", Deadline: time.Now().Add(50 * time.Millisecond),
 	})
 	l.KeepAlive(10*time.Millisecond, func(ctx context.Context) (time.Time, error) {
@@ -192,7 +193,7 @@ func TestKeepAlive(t *testing.T) {
 	if !l.Live() {
 		t.Fatalf("lease ended despite renewals: %v", context.Cause(l.Context()))
 	}
-	fail <- locks.Lost(errors.New("key changed"))
+	fail <- driver.Lost(errors.New("key changed"))
 	select {
 	case <-l.Context().Done():
 	case <-time.After(5 * time.Second):
@@ -207,7 +208,7 @@ func TestKeepAlive(t *testing.T) {
 }
 
 func TestKeepAliveTransientErrorsHitDeadline(t *testing.T) {
-	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+	l := driver.NewLease(context.Background(), driver.Spec{
 		Name: "n", Deadline: time.Now().Add(60 * time.Millisecond),
 	})
 	l.KeepAlive(10*time.Millisecond, func(ctx context.Context) (time.Time, error) {
@@ -224,12 +225,12 @@ func TestKeepAliveTransientErrorsHitDeadline(t *testing.T) {
 	_ = l.Release(context.Background())
 }
 
-// TestBaseLeaseErrChecksDeadline shows that a lease past its deadline reads
+// TestLeaseErrChecksDeadline shows that a lease past its deadline reads
 // as ended on the first check, without waiting for its timer: what a
 // process resumed after SIGSTOP relies on before its next write.
-func TestBaseLeaseErrChecksDeadline(t *testing.T) {
+func TestLeaseErrChecksDeadline(t *testing.T) {
 	for i := range 100 {
-		l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{Name: "n", Deadline: time.Now().Add(-time.Millisecond)})
+		l := driver.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: time.Now().Add(-time.Millisecond)})
 		if l.Context().Err() == nil {
 			t.Fatalf("run %d: a lease past its deadline reads as live", i)
 		}
@@ -252,7 +253,7 @@ func TestBaseLeaseErrChecksDeadline(t *testing.T) {
 // with nothing, under -race).
 func TestKeepAliveAfterRelease(t *testing.T) {
 	for range 100 {
-		l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{Name: "n", Deadline: time.Now().Add(time.Minute)})
+		l := driver.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: time.Now().Add(time.Minute)})
 		var wg sync.WaitGroup
 		wg.Go(func() { _ = l.Release(context.Background()) })
 		l.KeepAlive(time.Millisecond, func(context.Context) (time.Time, error) {
@@ -265,16 +266,16 @@ func TestKeepAliveAfterRelease(t *testing.T) {
 	}
 }
 
-// TestBaseLeaseReleaseAfterLossFails: Release of a lease lost earlier
+// TestLeaseReleaseAfterLossFails: Release of a lease lost earlier
 // reports the loss even when the cleanup at the broker fails too, so that
 // Do never drops the loss cause.
-func TestBaseLeaseReleaseAfterLossFails(t *testing.T) {
+func TestLeaseReleaseAfterLossFails(t *testing.T) {
 	unreachable := errors.New("broker unreachable")
-	l := locks.NewBaseLease(context.Background(), locks.LeaseSpec{
+	l := driver.NewLease(context.Background(), driver.Spec{
 		Name:    "n",
 		Release: func(context.Context) error { return unreachable },
 	})
-	l.End(locks.Lost(errors.New("key deleted")))
+	l.End(driver.Lost(errors.New("key deleted")))
 	err := l.Release(context.Background())
 	if !errors.Is(err, locks.ErrLost) || !errors.Is(err, unreachable) {
 		t.Fatalf("Release after a loss, cleanup failing: %v; want an error matching ErrLost and the cleanup's error", err)

@@ -1,4 +1,4 @@
-package locks_test
+package driver_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 func TestWaitWakesOnNotification(t *testing.T) {
@@ -17,7 +18,7 @@ func TestWaitWakesOnNotification(t *testing.T) {
 	time.AfterFunc(20*time.Millisecond, func() { wake <- struct{}{} })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	v, err := locks.Wait(ctx, wake, slow, func(context.Context) (int, error) {
+	v, err := driver.Wait(ctx, wake, slow, func(context.Context) (int, error) {
 		attempts++
 		if free {
 			return 42, nil
@@ -33,7 +34,7 @@ func TestWaitWakesOnNotification(t *testing.T) {
 func TestWaitHonoursRetryAfter(t *testing.T) {
 	start := time.Now()
 	n := 0
-	_, err := locks.Wait(context.Background(), nil, locks.Backoff{Min: time.Hour, Max: time.Hour}, func(context.Context) (int, error) {
+	_, err := driver.Wait(context.Background(), nil, locks.Backoff{Min: time.Hour, Max: time.Hour}, func(context.Context) (int, error) {
 		if n++; n < 3 {
 			return 0, &locks.HeldError{Name: "n", RetryAfter: 10 * time.Millisecond}
 		}
@@ -50,7 +51,7 @@ func TestWaitHonoursRetryAfter(t *testing.T) {
 func TestWaitReturnsContextError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
-	_, err := locks.Wait(ctx, nil, locks.DefaultBackoff, func(context.Context) (int, error) {
+	_, err := driver.Wait(ctx, nil, locks.DefaultBackoff, func(context.Context) (int, error) {
 		return 0, &locks.HeldError{Name: "n", Holder: "h"}
 	})
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -63,7 +64,7 @@ func TestWaitReturnsContextError(t *testing.T) {
 
 func TestWaitStopsOnOtherErrors(t *testing.T) {
 	boom := errors.New("boom")
-	_, err := locks.Wait(context.Background(), nil, locks.DefaultBackoff, func(context.Context) (int, error) {
+	_, err := driver.Wait(context.Background(), nil, locks.DefaultBackoff, func(context.Context) (int, error) {
 		return 0, boom
 	})
 	if !errors.Is(err, boom) {

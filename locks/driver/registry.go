@@ -1,0 +1,224 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+)
+
+// Config describes a client's [Registry].
+type Config struct {
+	// Backend names the backend in errors and events: "natsputex".
+	Backend string
+
+	// RenewEvery is the interval of the renewal rounds; Renew renews the
+	// leases. Leave both zero for a backend whose leases need no renewal.
+	RenewEvery time.Duration
+	Renew      RenewFunc
+}
+
+// RenewFunc renews a batch of live leases in one round, one broker round
+// trip for all of them where the broker allows it. It returns one
+// [Renewal] per lease of batch, in the same order (a shorter slice leaves
+// the rest unrenewed this round). ctx ends at the earliest validity
+// deadline in the batch, or when the registry closes.
+type RenewFunc func(ctx context.Context, batch []*Lease) []Renewal
+
+// Renewal is a backend's answer for one lease of a renewal round.
+type Renewal struct {
+	// Until is the lease's new validity deadline when Err is nil; a zero
+	// Until leaves the deadline as it was.
+	Until time.Time
+
+	// Err, when it matches [locks.ErrLost] (or [locks.ErrPreempted]),
+	// ends the lease with Err as its cause. Any other error leaves the
+	// lease to the next round; its deadline ends it if no renewal lands
+	// in time.
+	Err error
+
+	// Then, if set, runs after the lease has ended with Err, in the
+	// renewal goroutine: the clean-up a lost lease needs at the broker.
+	Then func()
+}
+
+// Registry owns a client's leases: it registers them, renews them in
+// batches, tracks the client's goroutines, and ends and releases them all
+// on Close. Every backend's client has one.
+//
+// A Registry is safe for concurrent use.
+type Registry struct {
+	backend string
+	every   time.Duration
+	renew   RenewFunc
+	events  Events
+
+	ctx    context.Context // ends on Close, with cause locks.ErrClosed
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	leases   map[*Lease]struct{}
+	closed   bool
+	renewing bool // the renewal goroutine runs
+	wg       sync.WaitGroup
+}
+
+// NewRegistry returns an open Registry for cfg. It returns an error
+// matching [locks.ErrInvalidOption] when only one of RenewEvery and Renew
+// is set, or RenewEvery is negative.
+func NewRegistry(cfg Config) (*Registry, error) {
+	if (cfg.RenewEvery > 0) != (cfg.Renew != nil) || cfg.RenewEvery < 0 {
+		return nil, InvalidOption("%s: a registry needs both a renewal interval and a renew function, or neither", cfg.Backend)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Registry{
+		backend: cfg.Backend,
+		every:   cfg.RenewEvery,
+		renew:   cfg.Renew,
+		events:  Events{backend: cfg.Backend},
+		ctx:     ctx,
+		cancel:  cancel,
+		leases:  make(map[*Lease]struct{}),
+	}, nil
+}
+
+// Backend returns the backend's name, as given in [Config].
+func (r *Registry) Backend() string { return r.backend }
+
+// Context returns a context that ends when the registry closes, with
+// cause [locks.ErrClosed].
+func (r *Registry) Context() context.Context { return r.ctx }
+
+// Closed reports whether Close has been called.
+func (r *Registry) Closed() bool { return r.ctx.Err() != nil }
+
+// ErrClosed returns the error of an operation op on name refused because
+// the registry is closed: it matches [locks.ErrClosed].
+func (r *Registry) ErrClosed(op, name string) error {
+	return Errorf(r.backend, op, name, locks.ErrClosed)
+}
+
+// Bind returns a context that ends with ctx or when the registry closes
+// (then with cause [locks.ErrClosed]), and its cancel function, which the
+// caller must call.
+func (r *Registry) Bind(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(r.ctx, func() { cancel(locks.ErrClosed) })
+	return ctx, func() { stop(); cancel(nil) }
+}
+
+// Go runs f in a goroutine that Close waits for, unless the registry is
+// closed; it reports whether f was started. f should return soon after
+// [Registry.Context] ends.
+func (r *Registry) Go(f func()) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.wg.Go(f)
+	return true
+}
+
+// NewLease registers a live lease described by spec, and renews it with
+// the registry's [RenewFunc] until it ends. Its context carries parent's
+// values but not its cancellation. On a closed registry it returns an
+// error matching [locks.ErrClosed], and the backend must free what it won
+// at the broker itself.
+func (r *Registry) NewLease(parent context.Context, spec Spec) (*Lease, error) {
+	l := NewLease(parent, spec)
+	l.reg = r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		l.End(Lost(locks.ErrClosed))
+		return nil, r.ErrClosed("acquire", spec.Name)
+	}
+	r.leases[l] = struct{}{}
+	if r.renew != nil && !r.renewing {
+		r.renewing = true
+		r.wg.Go(r.renewLoop)
+	}
+	return l, nil
+}
+
+// Leases returns the leases registered and not yet released, live or
+// ended, in no particular order.
+func (r *Registry) Leases() []*Lease {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*Lease, 0, len(r.leases))
+	for l := range r.leases {
+		out = append(out, l)
+	}
+	return out
+}
+
+// forget drops a released lease.
+func (r *Registry) forget(l *Lease) {
+	r.mu.Lock()
+	delete(r.leases, l)
+	r.mu.Unlock()
+}
+
+// Close ends every lease with cause (an error matching [locks.ErrLost] and
+// [locks.ErrClosed] if cause is nil), releases them all at the broker in
+// parallel, makes [Registry.Context] end, and waits for the goroutines
+// started by Go and the renewal loop. Every wait is bounded by ctx: when
+// ctx ends first, Close returns an error matching ctx.Err() and the rest
+// finishes in the background. Close returns the errors of the releases at
+// the broker that failed. It is idempotent: later calls return nil at
+// once.
+func (r *Registry) Close(ctx context.Context, cause error) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	held := make([]*Lease, 0, len(r.leases))
+	for l := range r.leases {
+		held = append(held, l)
+	}
+	r.mu.Unlock()
+	if cause == nil {
+		cause = Lost(fmt.Errorf("%s: client closed: %w", r.backend, locks.ErrClosed))
+	}
+	r.cancel(locks.ErrClosed)
+
+	var (
+		mu   sync.Mutex
+		errs []error
+		done = make(chan struct{})
+		rel  sync.WaitGroup
+	)
+	for _, l := range held {
+		l.End(cause) // a no-op for a lease that ended earlier
+		rel.Go(func() {
+			l.releaseOnce.Do(func() {
+				if err := l.free(ctx); err != nil {
+					mu.Lock()
+					errs = append(errs, Errorf(r.backend, "release", l.Name(), err))
+					mu.Unlock()
+				}
+				l.releaseErr = Errorf(r.backend, "release", l.Name(), context.Cause(l.ctx))
+			})
+		})
+	}
+	go func() {
+		rel.Wait()
+		r.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		mu.Lock()
+		defer mu.Unlock()
+		return errors.Join(append(errs, Errorf(r.backend, "close", "", ctx.Err()))...)
+	}
+	return errors.Join(errs...)
+}

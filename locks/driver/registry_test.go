@@ -1,0 +1,245 @@
+package driver_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
+)
+
+// TestRegistryRenewsInBatches: every round hands all live leases to one
+// RenewFunc call, and the answers extend, end (then clean up) or leave
+// each lease.
+func TestRegistryRenewsInBatches(t *testing.T) {
+	var maxBatch atomic.Int32
+	cleaned := make(chan string, 1)
+	reg, err := driver.NewRegistry(driver.Config{Backend: "test", RenewEvery: 5 * time.Millisecond,
+		Renew: func(ctx context.Context, batch []*driver.Lease) []driver.Renewal {
+			if n := int32(len(batch)); n > maxBatch.Load() {
+				maxBatch.Store(n)
+			}
+			out := make([]driver.Renewal, len(batch))
+			for i, l := range batch {
+				if l.Name() == "doomed" {
+					out[i] = driver.Renewal{Err: driver.Lost(errors.New("gone at the broker")),
+						Then: func() { cleaned <- l.Name() }}
+					continue
+				}
+				out[i] = driver.Renewal{Until: time.Now().Add(time.Minute)}
+			}
+			return out
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leases []*driver.Lease
+	for _, name := range []string{"a", "b", "c", "doomed"} {
+		l, err := reg.NewLease(context.Background(), driver.Spec{Name: name, Deadline: time.Now().Add(100 * time.Millisecond)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	select {
+	case name := <-cleaned:
+		if name != "doomed" {
+			t.Fatalf("clean-up ran for %q", name)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lost lease's clean-up never ran")
+	}
+	if cause := context.Cause(leases[3].Context()); !errors.Is(cause, locks.ErrLost) {
+		t.Fatalf("doomed lease's cause = %v, want ErrLost", cause)
+	}
+	time.Sleep(150 * time.Millisecond) // past the first deadline: renewals must have moved it
+	for _, l := range leases[:3] {
+		if err := l.Context().Err(); err != nil {
+			t.Fatalf("%s ended although renewed: %v", l.Name(), context.Cause(l.Context()))
+		}
+	}
+	if n := maxBatch.Load(); n != 4 {
+		t.Fatalf("largest batch %d, want 4 (all leases in one round)", n)
+	}
+	if err := reg.Close(context.Background(), nil); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for _, l := range leases[:3] {
+		cause := context.Cause(l.Context())
+		if !errors.Is(cause, locks.ErrLost) || !errors.Is(cause, locks.ErrClosed) {
+			t.Fatalf("after Close, cause = %v, want ErrLost and ErrClosed", cause)
+		}
+	}
+}
+
+// TestRegistryCloseReleasesAndRefuses: Close releases every lease at the
+// broker, returns the failures, and refuses new leases.
+func TestRegistryCloseReleasesAndRefuses(t *testing.T) {
+	reg, err := driver.NewRegistry(driver.Config{Backend: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var released sync.Map
+	for _, name := range []string{"ok", "fails"} {
+		_, err := reg.NewLease(context.Background(), driver.Spec{Name: name, Release: func(context.Context) error {
+			released.Store(name, true)
+			if name == "fails" {
+				return errors.New("broker said no")
+			}
+			return nil
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = reg.Close(context.Background(), nil)
+	if err == nil {
+		t.Fatal("Close hid a failed release")
+	}
+	for _, name := range []string{"ok", "fails"} {
+		if _, ok := released.Load(name); !ok {
+			t.Fatalf("Close did not release %q", name)
+		}
+	}
+	if _, err := reg.NewLease(context.Background(), driver.Spec{Name: "late"}); !errors.Is(err, locks.ErrClosed) {
+		t.Fatalf("NewLease after Close: %v, want ErrClosed", err)
+	}
+	if reg.Go(func() {}) {
+		t.Fatal("Go started a goroutine after Close")
+	}
+	if err := reg.Close(context.Background(), nil); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestRegistryCloseBoundedByContext: a release that hangs does not hold
+// Close past its context.
+func TestRegistryCloseBoundedByContext(t *testing.T) {
+	reg, _ := driver.NewRegistry(driver.Config{Backend: "test"})
+	unblock := make(chan struct{})
+	defer close(unblock)
+	if _, err := reg.NewLease(context.Background(), driver.Spec{Name: "stuck", Release: func(context.Context) error {
+		<-unblock
+		return nil
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := reg.Close(ctx, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close with a hung release: %v, want DeadlineExceeded", err)
+	}
+}
+
+// TestRegistryReleaseWaitsForRound: a lease's Release never reaches the
+// broker while a renewal round holding it runs.
+func TestRegistryReleaseWaitsForRound(t *testing.T) {
+	var inRound atomic.Int32
+	started := make(chan struct{}, 1)
+	reg, _ := driver.NewRegistry(driver.Config{Backend: "test", RenewEvery: time.Millisecond,
+		Renew: func(ctx context.Context, batch []*driver.Lease) []driver.Renewal {
+			inRound.Add(1)
+			defer inRound.Add(-1)
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			time.Sleep(10 * time.Millisecond)
+			return nil
+		}})
+	defer reg.Close(context.Background(), nil)
+	l, err := reg.NewLease(context.Background(), driver.Spec{Name: "n", Release: func(context.Context) error {
+		if n := inRound.Load(); n != 0 {
+			t.Errorf("broker told of the release while %d rounds ran", n)
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if err := l.Handle().Release(context.Background()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if n := len(reg.Leases()); n != 0 {
+		t.Fatalf("%d leases still registered after Release", n)
+	}
+}
+
+// TestRegistryEvents: observers get the kit's renewal events and the
+// backend's own, and stop getting them.
+func TestRegistryEvents(t *testing.T) {
+	reg, _ := driver.NewRegistry(driver.Config{Backend: "test", RenewEvery: 2 * time.Millisecond,
+		Renew: func(ctx context.Context, batch []*driver.Lease) []driver.Renewal {
+			return []driver.Renewal{{Err: errors.New("timeout")}}
+		}})
+	defer reg.Close(context.Background(), nil)
+	got := make(chan driver.Event, 64)
+	stop := reg.Observe(func(ev driver.Event) {
+		select {
+		case got <- ev:
+		default:
+		}
+	})
+	l, _ := reg.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: time.Now().Add(time.Minute)})
+	reg.Emit(driver.Event{Kind: driver.EventTheft, Name: "n"})
+	seen := map[driver.EventKind]bool{}
+	timeout := time.After(5 * time.Second)
+	for !(seen[driver.EventRenewFailed] && seen[driver.EventRenewRound] && seen[driver.EventTheft]) {
+		select {
+		case ev := <-got:
+			if ev.Backend != "test" {
+				t.Fatalf("event without its backend: %+v", ev)
+			}
+			seen[ev.Kind] = true
+		case <-timeout:
+			t.Fatalf("events seen: %v", seen)
+		}
+	}
+	stop()
+	_ = l.Release(context.Background())
+}
+
+// TestHandleHidesTheKit: what a backend hands users has no Extend or End.
+func TestHandleHidesTheKit(t *testing.T) {
+	l := driver.NewLease(context.Background(), driver.Spec{Name: "n", Token: 3, Slot: 2})
+	var h any = l.Handle()
+	if _, ok := h.(interface{ End(error) bool }); ok {
+		t.Fatal("a lease's handle exposes End")
+	}
+	if _, ok := h.(interface{ Extend(time.Time) bool }); ok {
+		t.Fatal("a lease's handle exposes Extend")
+	}
+	s := h.(locks.SlotLease)
+	if s.Token() != 3 || s.Slot() != 2 || s.Name() != "n" {
+		t.Fatalf("handle: token %d slot %d name %q", s.Token(), s.Slot(), s.Name())
+	}
+	_ = s.Release(context.Background())
+}
+
+func TestCheckHolderID(t *testing.T) {
+	for _, id := range []string{"", "a|b", "a{b", "a\nb", "a\u00a0b", string(make([]byte, 201))} {
+		if err := driver.CheckHolderID(id); !errors.Is(err, locks.ErrInvalidOption) {
+			t.Errorf("CheckHolderID(%q) = %v, want ErrInvalidOption", id, err)
+		}
+	}
+	for _, id := range []string{"host-1", "worker 7/eu", "ünïcode"} {
+		if err := driver.CheckHolderID(id); err != nil {
+			t.Errorf("CheckHolderID(%q) = %v", id, err)
+		}
+	}
+}
+
+func TestErrorf(t *testing.T) {
+	err := driver.Errorf("natsputex", "lock", "jobs", context.DeadlineExceeded)
+	if !errors.Is(err, context.DeadlineExceeded) || err.Error() != `natsputex: lock "jobs": context deadline exceeded` {
+		t.Fatalf("Errorf = %q", err)
+	}
+	if driver.Errorf("x", "y", "z", nil) != nil {
+		t.Fatal("Errorf(nil) is not nil")
+	}
+}
