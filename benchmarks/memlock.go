@@ -40,4 +40,4 @@ func (c *memClient) Semaphore(_ context.Context, size int) (Locker, error) {
 	return semLocker{s}, nil
 }
 
-func (c *memClient) Close() error { return c.c.Close() }
+func (c *memClient) Close() error { return c.c.Close(context.Background()) }

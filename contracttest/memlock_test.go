@@ -36,7 +36,7 @@ func (c *memClient) Close() error {
 	if c.close != nil {
 		return c.close()
 	}
-	return c.c.Close()
+	return c.c.Close(context.Background())
 }
 
 func newMemHarness(ctx context.Context, t testing.TB) (Harness, error) {
@@ -90,7 +90,7 @@ func (h *memHarness) InvalidOptions(context.Context) []error {
 	c, _ := h.store.NewClient()
 	_, err = c.Semaphore(0)
 	errs = append(errs, err)
-	_ = c.Close()
+	_ = c.Close(context.Background())
 	return errs
 }
 

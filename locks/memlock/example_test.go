@@ -4,13 +4,37 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/locks/memlock"
 )
 
-// Code under test takes a locks.Locker; its unit tests hand it memlock.
+// A client of a Store, closed when done, with the work done under the
+// lease's context, which ends should the lease be lost.
 func Example() {
+	store := memlock.New()
+	ctx := context.Background()
+	c, err := store.NewClient(memlock.WithTTL(time.Second))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close(ctx)
+
+	lease, err := c.Locker().Lock(ctx, "nightly-report")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer lease.Release(ctx)
+	work := func(ctx context.Context) error { return ctx.Err() }
+	fmt.Println("work done:", work(lease.Context()) == nil, "token", lease.Token())
+	// Output: work done: true token 1
+}
+
+// Code under test takes a locks.Locker; its unit tests hand it memlock.
+func Example_contention() {
 	store := memlock.New()
 	a, _ := store.NewLocker()
 	b, _ := store.NewLocker()

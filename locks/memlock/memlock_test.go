@@ -3,10 +3,13 @@ package memlock_test
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 	"github.com/latchkey-go/latchkey/locks/memlock"
 )
 
@@ -19,7 +22,7 @@ func newLocker(t *testing.T, s *memlock.Store, opts ...memlock.Option) *memlock.
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
 }
 
@@ -133,7 +136,7 @@ func FuzzNames(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Cleanup(func() { _ = c.Close() })
+	f.Cleanup(func() { _ = c.Close(context.Background()) })
 	f.Fuzz(func(t *testing.T, name string) {
 		lease, err := c.Locker().TryLock(context.Background(), name)
 		switch {
@@ -148,4 +151,121 @@ func FuzzNames(f *testing.F) {
 			t.Fatalf("TryLock(%q) = %v; want a lease or ErrInvalidName", name, err)
 		}
 	})
+}
+
+// Close ends the client's leases with ErrLost and ErrClosed, frees their
+// names at once, makes a waiting Lock return ErrClosed, and is
+// idempotent.
+func TestCloseEndsEverything(t *testing.T) {
+	s := memlock.New()
+	a, b := newLocker(t, s), newLocker(t, s)
+	ctx := context.Background()
+	lease, err := a.Locker().TryLock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := a.Locker().Lock(ctx, "job")
+		waited <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cause := context.Cause(lease.Context())
+	if !errors.Is(cause, locks.ErrLost) || !errors.Is(cause, locks.ErrClosed) {
+		t.Fatalf("cause after Close: %v, want ErrLost and ErrClosed", cause)
+	}
+	select {
+	case err := <-waited:
+		if !errors.Is(err, locks.ErrClosed) {
+			t.Fatalf("a Lock waiting during Close returned %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a Lock waiting during Close did not return")
+	}
+	if _, err := a.Locker().TryLock(ctx, "other"); !errors.Is(err, locks.ErrClosed) {
+		t.Fatalf("TryLock after Close: %v, want ErrClosed", err)
+	}
+	if err := a.Close(ctx); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	next, err := b.Locker().TryLock(ctx, "job")
+	if err != nil {
+		t.Fatalf("the closed client's name is not free: %v", err)
+	}
+	_ = next.Release(ctx)
+}
+
+// A lock's lease has Slot 0, a semaphore's 1..N; sizes are capped; errors
+// name the backend, the operation and the name once.
+func TestSlotsAndErrors(t *testing.T) {
+	s := memlock.New()
+	c := newLocker(t, s)
+	ctx := context.Background()
+	lease, err := c.Locker().TryLock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	if slot := lease.(locks.SlotLease).Slot(); slot != 0 {
+		t.Errorf("a lock's Slot() = %d, want 0", slot)
+	}
+	_, err = c.Locker().TryLock(ctx, "job")
+	if want := `memlock: trylock: `; err == nil || !strings.HasPrefix(err.Error(), want) || strings.Count(err.Error(), `"job"`) != 1 {
+		t.Errorf("TryLock of a held name: %v, want it to start %q and name it once (the HeldError does)", err, want)
+	}
+	sem, err := c.Semaphore(memlock.MaxSemaphoreSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl, err := sem.TryAcquire(ctx, "pool")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sl.Release(ctx)
+	if slot := sl.(locks.SlotLease).Slot(); slot != 1 {
+		t.Errorf("a semaphore's first Slot() = %d, want 1", slot)
+	}
+	if _, err := c.Semaphore(memlock.MaxSemaphoreSize + 1); !errors.Is(err, locks.ErrInvalidOption) {
+		t.Errorf("Semaphore(MaxSemaphoreSize+1) = %v, want ErrInvalidOption", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := c.Locker().Lock(cctx, "job"); !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), `memlock: lock "job": `) {
+		t.Errorf("Lock with a cancelled context: %v", err)
+	}
+}
+
+// The client renews its leases in rounds: a lease outlives many TTLs.
+func TestRenewedInRounds(t *testing.T) {
+	s := memlock.New()
+	c := newLocker(t, s) // 200ms TTL
+	ctx := context.Background()
+	var leases []locks.Lease
+	for _, name := range []string{"a", "b", "c"} {
+		l, err := c.Locker().TryLock(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	var rounds atomic.Int32
+	stop := c.Locker().Observe(func(e driver.Event) {
+		if e.Kind == driver.EventRenewRound && e.Leases == 3 {
+			rounds.Add(1)
+		}
+	})
+	defer stop()
+	time.Sleep(time.Second)
+	for _, l := range leases {
+		if err := l.Context().Err(); err != nil {
+			t.Fatalf("lease %s ended: %v", l.Name(), context.Cause(l.Context()))
+		}
+		_ = l.Release(ctx)
+	}
+	if rounds.Load() < 2 {
+		t.Errorf("%d renewal rounds of all 3 leases in 1s at a 200ms TTL, want several", rounds.Load())
+	}
 }

@@ -15,33 +15,26 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
-	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/latchkey-go/latchkey/amqpsem"
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/command"
 )
 
-// Exit codes.
+// Exit codes: those of every command that runs a command under a lease.
 const (
-	exitOK          = 0
-	exitError       = 1
-	exitUsage       = 2
-	exitNotAcquired = 3 // not acquired, or --timeout passed
-	exitLost        = 4 // acquire: the slot was lost while the command ran
+	exitOK          = command.ExitOK
+	exitError       = command.ExitError
+	exitUsage       = command.ExitUsage
+	exitNotAcquired = command.ExitNotAcquired // not acquired, or --timeout passed
+	exitLost        = command.ExitLost        // acquire: the slot was lost while the command ran
 )
 
 const usage = `amqpsem administers persistent semaphores on RabbitMQ and runs commands
@@ -74,9 +67,14 @@ Usage:
                                          mutex before it says none is held
   amqpsem [flags] acquire NAME -- CMD [ARG...]
                                          run CMD while holding a slot; the slot is
-                                         released when CMD exits; SIGINT/SIGTERM are
-                                         forwarded to CMD (the slot is held until it
-                                         exits); CMD gets AMQPSEM_NAME, AMQPSEM_SLOT
+                                         released when CMD exits; SIGINT, SIGTERM and
+                                         SIGHUP are forwarded to CMD (the slot is held
+                                         until it exits); CMD gets AMQPSEM_NAME and
+                                         AMQPSEM_SLOT (and LOCK_NAME, LOCK_SLOT and
+                                         LOCK_TOKEN, always 0 here, as every command
+                                         run under a lease does). CMD runs in a process
+                                         group of its own, killed when CMD exits and,
+                                         by a reaper process, if amqpsem is killed
 
 Examples:
   AMQPSEM_URL=amqp://user:password@rabbit:5672/ amqpsem create builds 4
@@ -100,7 +98,8 @@ Exit codes:
   4  acquire: the slot was lost while CMD ran (CMD was sent SIGTERM, and
      SIGKILL if it had not exited after --grace)
   acquire otherwise exits with CMD's own exit status, or 128+N when CMD was
-  killed by signal N.
+  killed by signal N. These are the codes of every command that runs a
+  command under a lease (redlockrun's too).
 
 Flags:
 `
@@ -136,237 +135,47 @@ func message(err error) string {
 	return s
 }
 
+// run runs amqpsem with args and returns its exit code.
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("amqpsem", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-	}
-	defLayout := os.Getenv("AMQPSEM_LAYOUT")
-	if defLayout == "" {
-		defLayout = "default"
-	}
-	var (
-		// The URL's default is not shown: $AMQPSEM_URL may hold a password.
-		url            = fs.String("url", "", "broker URL, amqp:// or amqps:// (default $AMQPSEM_URL, else "+defaultURL+" as the guest user)")
-		layout         = fs.String("layout", defLayout, `queue layout: "default" (N-i-A, N-i-B) or "python" (N-A-i, N-B-i); default from $AMQPSEM_LAYOUT`)
-		timeout        = fs.Duration("timeout", 0, "give up after this long, connecting included (0: no limit); exit code 3")
-		connectTimeout = fs.Duration("connect-timeout", 30*time.Second, "give up connecting to the broker after this long (TCP, TLS and AMQP handshakes); exit code 1")
-		try            = fs.Bool("try", false, "acquire: fail at once (exit code 3) when every slot is held")
-		heartbeat      = fs.Duration("heartbeat", 10*time.Second, "AMQP heartbeat asked for (a heartbeat in --url wins): a holder cut off without a close keeps its slot for 2 to 3 of these")
-		overshoot      = fs.Int("overshoot", 8, "admin changes first delete stray slot queues up to this far above the maximum")
-		ascending      = fs.Bool("ascending", false, `delete slot queues in ascending order ("Swiss cheese")`)
-		beyond         = fs.Int("beyond", 0, "ignored: status and wait check every slot number (kept for old scripts)")
-		tlsCA          = fs.String("tls-ca", "", "PEM file of CA certificates to trust (amqps)")
-		tlsCert        = fs.String("tls-cert", "", "PEM client certificate file (amqps)")
-		tlsKey         = fs.String("tls-key", "", "PEM client key file (amqps)")
-		tlsServer      = fs.String("tls-server-name", "", "server name to verify (amqps; default: the URL's host)")
-		tlsNoCheck     = fs.Bool("tls-insecure", false, "do not verify the server's certificate (amqps; testing only)")
-		grace          = fs.Duration("grace", 10*time.Second, "acquire: when the slot is lost, how long CMD has to exit after SIGTERM before SIGKILL")
-	)
-	_ = beyond
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
 	fail := func(code int, format string, a ...any) int {
 		fmt.Fprintln(stderr, "amqpsem: "+fmt.Sprintf(format, a...))
 		return code
 	}
-	rest := fs.Args()
-	if len(rest) == 0 {
-		return fail(exitUsage, "no command: want %s (see amqpsem --help)", verbList)
+	cfg, exit := parse(args, stderr, fail)
+	if cfg == nil {
+		return exit
 	}
-	verb := rest[0]
-	synopsis, ok := verbs[verb]
-	if !ok {
-		return fail(exitUsage, "unknown command %q: want %s (see amqpsem --help)", verb, verbList)
-	}
-	if len(rest) < 2 || rest[1] == "--" {
-		return fail(exitUsage, "%s: missing NAME: usage: amqpsem [flags] %s", verb, synopsis)
-	}
-	name, rest := rest[1], rest[2:]
-
-	if *url == "" {
-		*url = os.Getenv("AMQPSEM_URL")
-	}
-	if *url == "" {
-		*url = defaultURL
-	}
-	opts := []amqpsem.Option{
-		amqpsem.WithHeartbeat(*heartbeat), amqpsem.WithOvershoot(*overshoot),
-		amqpsem.WithAscendingDelete(*ascending), amqpsem.WithConnectionName(connName("amqpsem " + verb + " " + name)),
-	}
-	lay := amqpsem.DefaultLayout
-	switch *layout {
-	case "default":
-	case "python":
-		lay = amqpsem.PythonLayout
-		opts = append(opts, amqpsem.WithLayout(lay))
-	default:
-		return fail(exitUsage, "unknown layout %q: want \"default\" or \"python\"", *layout)
-	}
-	if err := lay.CheckName(name); err != nil {
-		return fail(exitUsage, "%s", message(err))
-	}
-	switch {
-	case *timeout < 0:
-		return fail(exitUsage, "--timeout must not be negative, got %v", *timeout)
-	case *connectTimeout <= 0:
-		return fail(exitUsage, "--connect-timeout must be positive, got %v", *connectTimeout)
-	case *grace < 0:
-		return fail(exitUsage, "--grace must not be negative, got %v", *grace)
-	}
-	opts = append(opts, amqpsem.WithConnectTimeout(*connectTimeout))
-	uri, err := amqp.ParseURI(*url)
-	if err != nil {
-		return fail(exitUsage, "--url %s: %s", amqpsem.RedactURL(*url), amqpsem.RedactURLsIn(err.Error(), *url))
-	}
-	if *tlsCA != "" || *tlsCert != "" || *tlsKey != "" || *tlsServer != "" || *tlsNoCheck {
-		if uri.Scheme != "amqps" {
-			return fail(exitUsage, "--tls-* flags need an amqps:// URL, got %s://", uri.Scheme)
-		}
-		if (*tlsCert == "") != (*tlsKey == "") {
-			return fail(exitUsage, "--tls-cert and --tls-key go together")
-		}
-		cfg, err := tlsConfig(*tlsCA, *tlsCert, *tlsKey, *tlsServer, *tlsNoCheck)
-		if err != nil {
-			return fail(exitUsage, "%v", err)
-		}
-		opts = append(opts, amqpsem.WithTLS(cfg))
-	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if verb == "acquire" {
+	if cfg.verb == "acquire" {
 		stop() // acquire forwards signals to its command instead
 		ctx = context.Background()
 	}
-	if *timeout > 0 {
+	if cfg.timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		ctx, cancel = context.WithTimeout(ctx, cfg.timeout)
 		defer cancel()
 	}
-
-	// Check the arguments before connecting.
-	var slots int
-	var delta byte
-	switch verb {
-	case "create", "resize":
-		if len(rest) != 1 {
-			return fail(exitUsage, "%s: want one count: usage: amqpsem [flags] %s", verb, synopsis)
-		}
-		arg := rest[0]
-		if verb == "resize" && (strings.HasPrefix(arg, "+") || strings.HasPrefix(arg, "-")) {
-			delta, arg = arg[0], arg[1:]
-		}
-		n, err := strconv.Atoi(arg)
-		if err != nil || n < 0 || n == 0 && (verb == "create" || delta != 0) {
-			return fail(exitUsage, "%s: bad slot count %q", verb, rest[0])
-		}
-		if limit := lay.SlotLimit(name); n > limit && delta != '-' {
-			return fail(exitUsage, "%s: %q can have at most %d slots in the %s layout, got %d", verb, name, limit, lay.Name, n)
-		}
-		slots = n
-	case "destroy", "status", "wait":
-		if len(rest) != 0 {
-			return fail(exitUsage, "%s: unexpected arguments %q: usage: amqpsem [flags] %s", verb, rest, synopsis)
-		}
-	case "acquire":
-		if len(rest) < 2 || rest[0] != "--" {
-			return fail(exitUsage, "acquire: want -- and a command: usage: amqpsem [flags] %s", synopsis)
-		}
-		rest = rest[1:]
+	if exit := cfg.checkVerbArgs(fail); exit != exitOK {
+		return exit
 	}
-	opts = append(opts, amqpsem.WithMutexWaitNotice(func(name string) {
-		fmt.Fprintf(stderr, "amqpsem: waiting for the administration mutex of %s (the exclusive queue %q): another connection holds it, likely another amqpsem administering %s (\"rabbitmqctl list_queues name owner_pid\" or the management UI shows which)\n", name, lay.Mutex(name), name)
+	cfg.opts = append(cfg.opts, amqpsem.WithMutexWaitNotice(func(name string) {
+		fmt.Fprintf(stderr, "amqpsem: waiting for the administration mutex of %s (the exclusive queue %q): another connection holds it, likely another amqpsem administering %s (\"rabbitmqctl list_queues name owner_pid\" or the management UI shows which)\n", name, cfg.lay.Mutex(name), name)
 	}))
 
-	c, err := amqpsem.Dial(ctx, *url, opts...)
+	c, err := amqpsem.Dial(ctx, cfg.url, cfg.opts...)
 	if err != nil {
 		return fail(code(err), "%s", message(err))
 	}
 	defer c.Close()
+	if cfg.verb == "acquire" {
+		return acquire(ctx, c, cfg, stdout, stderr)
+	}
 	a, err := c.Admin()
 	if err != nil {
 		return fail(exitUsage, "%s", message(err))
 	}
-	// missing explains a name without slots in this layout.
-	missing := func() string {
-		msg := fmt.Sprintf("no semaphore %s in the %s layout (no slot queue %q)", name, lay.Name, lay.Slot(name, 1))
-		if others, err := a.OtherLayouts(ctx, name); err == nil && len(others) > 0 {
-			msg += fmt.Sprintf("; it is a semaphore of the %s layout: use --layout %s", strings.Join(others, " and "), others[0])
-		}
-		return msg
-	}
-
-	switch verb {
-	case "create":
-		err = a.Create(ctx, name, slots)
-		if err == nil {
-			fmt.Fprintf(stdout, "created %s with %s\n", name, count(slots))
-		}
-	case "resize":
-		var ch amqpsem.Change
-		switch delta {
-		case '+':
-			ch, err = a.Add(ctx, name, slots)
-		case '-':
-			ch, err = a.Remove(ctx, name, slots)
-		default:
-			ch, err = a.Resize(ctx, name, slots)
-		}
-		if err == nil {
-			fmt.Fprintf(stdout, "resized %s from %d to %s\n", name, ch.Before, count(ch.After))
-		}
-	case "destroy":
-		var n int
-		n, err = a.Destroy(ctx, name)
-		if err == nil && n == 0 {
-			return fail(exitError, "%s", missing())
-		}
-		if err == nil {
-			fmt.Fprintf(stdout, "destroyed %s (%s)\n", name, count(n))
-		}
-	case "status":
-		var st amqpsem.Status
-		st, err = a.Status(ctx, name)
-		if err == nil && st.Slots == 0 && len(st.Removed) == 0 {
-			return fail(exitError, "%s", missing())
-		}
-		if err == nil {
-			printStatus(stdout, name, st)
-		}
-	case "wait":
-		if err = a.WaitReleased(ctx, name); err == nil {
-			fmt.Fprintf(stdout, "no removed slot of %s is held (every slot number checked)\n", name)
-		}
-	case "acquire":
-		return acquire(ctx, c, name, *try, *grace, rest, stdout, stderr)
-	}
-	if err != nil {
-		return fail(code(err), "%s", message(err))
-	}
-	return exitOK
-}
-
-// connName cuts s to the longest connection name, 255 bytes.
-func connName(s string) string {
-	if len(s) > 255 {
-		s = s[:255]
-	}
-	return s
-}
-
-// count returns "1 slot" or "n slots".
-func count(n int) string {
-	if n == 1 {
-		return "1 slot"
-	}
-	return strconv.Itoa(n) + " slots"
+	return administer(ctx, a, cfg, stdout, fail)
 }
 
 // code maps a library error to an exit code.
@@ -378,134 +187,4 @@ func code(err error) int {
 		return exitNotAcquired
 	}
 	return exitError
-}
-
-func printStatus(w io.Writer, name string, st amqpsem.Status) {
-	held := map[int]bool{}
-	for _, i := range st.Held {
-		held[i] = true
-	}
-	fmt.Fprintf(w, "semaphore %s (%s layout): %s, %d held\n", name, st.Layout, count(st.Slots), len(st.Held))
-	for _, o := range st.OtherLayouts {
-		fmt.Fprintf(w, "warning: %s also has slot queues in the %s layout: two semaphores share the name\n", name, o)
-	}
-	for i := 1; i <= st.Slots; i++ {
-		state := "free"
-		if held[i] {
-			state = "held"
-		}
-		fmt.Fprintf(w, "slot %d: %s\n", i, state)
-	}
-	for _, i := range st.Removed {
-		fmt.Fprintf(w, "slot %d: removed, still held\n", i)
-	}
-}
-
-// acquire runs argv while holding a slot of name.
-func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grace time.Duration, argv []string, stdout, stderr io.Writer) int {
-	s, err := c.Semaphore()
-	if err != nil {
-		fmt.Fprintln(stderr, "amqpsem: "+message(err))
-		return exitUsage
-	}
-	// Signals while waiting cancel the wait.
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-sigs:
-			cancel()
-		case <-wctx.Done():
-		}
-	}()
-	var lease locks.Lease
-	if try {
-		lease, err = s.TryAcquire(wctx, name)
-	} else {
-		lease, err = s.Acquire(wctx, name)
-	}
-	cancel()
-	if err != nil {
-		if errors.Is(err, amqpsem.ErrNoSlots) {
-			// The library's message speaks of Admins and WithCreate.
-			msg := strings.SplitN(message(err), " (", 2)[0]
-			fmt.Fprintf(stderr, "amqpsem: acquire %s: %s: create it first (amqpsem create %s SLOTS), or check the name and --layout\n", name, msg, name)
-			return exitError
-		}
-		fmt.Fprintf(stderr, "amqpsem: acquire %s: %s\n", name, message(err))
-		return code(err)
-	}
-	slot := lease.(*amqpsem.Lease).Slot()
-	defer lease.Release(context.Background())
-
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.Env = append(os.Environ(), "AMQPSEM_NAME="+name, "AMQPSEM_SLOT="+strconv.Itoa(slot))
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(stderr, "amqpsem: "+message(err))
-		return exitError
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	lost := false
-	leaseDone := lease.Context().Done()
-	var kill <-chan time.Time
-	for {
-		select {
-		case err := <-done:
-			if lost {
-				fmt.Fprintf(stderr, "amqpsem: slot %d of %s lost while the command ran: %s\n", slot, name, message(context.Cause(lease.Context())))
-				return exitLost
-			}
-			var ee *exec.ExitError
-			switch {
-			case errors.As(err, &ee):
-				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-					return 128 + int(ws.Signal()) // as shells report it
-				}
-				return ee.ExitCode()
-			case err != nil:
-				fmt.Fprintln(stderr, "amqpsem: "+message(err))
-				return exitError
-			}
-			return exitOK
-		case sig := <-sigs:
-			_ = cmd.Process.Signal(sig)
-		case <-leaseDone:
-			leaseDone, lost = nil, true
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			t := time.NewTimer(grace)
-			defer t.Stop()
-			kill = t.C
-		case <-kill:
-			kill = nil
-			fmt.Fprintf(stderr, "amqpsem: the command did not exit %v after SIGTERM: killing it\n", grace)
-			_ = cmd.Process.Kill()
-		}
-	}
-}
-
-func tlsConfig(ca, cert, key, server string, insecure bool) (*tls.Config, error) {
-	cfg := &tls.Config{ServerName: server, InsecureSkipVerify: insecure, MinVersion: tls.VersionTLS12}
-	if ca != "" {
-		pem, err := os.ReadFile(ca)
-		if err != nil {
-			return nil, err
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("no certificates in %s", ca)
-		}
-	}
-	if cert != "" || key != "" {
-		pair, err := tls.LoadX509KeyPair(cert, key)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Certificates = []tls.Certificate{pair}
-	}
-	return cfg, nil
 }

@@ -89,7 +89,8 @@ Commands:
   unit), not because it is not running yet: the example's check passes
   until systemd marks the unit failed.
   -start gets the fencing token (the revision of the write that won the
-  key, greater for every later holder) as $1 and in $NATSLOCK_TOKEN: hand
+  key, greater for every later holder) as $1 and in $NATSLOCK_TOKEN (and
+  $LOCK_TOKEN, as redlockrun and amqpsem acquire pass theirs): hand
   it to what the service writes to, and have that refuse a token lower
   than the highest it has seen, so that a node that lost the key without
   knowing it yet (paused, cut off) is refused.
