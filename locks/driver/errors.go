@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/latchkey-go/latchkey/locks"
@@ -34,13 +35,14 @@ func InvalidOption(format string, args ...any) error {
 // the backend, the operation and the name once, then the cause, which it
 // wraps ("natsputex: lock \"jobs\": context deadline exceeded"). A
 // context's error is wrapped the same way, so errors.Is(err,
-// context.DeadlineExceeded) holds. An empty name is left out; a nil err
-// gives nil.
+// context.DeadlineExceeded) holds. An empty name is left out, and so is a
+// name that a [locks.HeldError] in err states already; a nil err gives nil.
 func Errorf(backend, op, name string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if name == "" {
+	var held *locks.HeldError
+	if name == "" || errors.As(err, &held) && held.Name == name {
 		return fmt.Errorf("%s: %s: %w", backend, op, err)
 	}
 	return fmt.Errorf("%s: %s %q: %w", backend, op, name, err)

@@ -243,3 +243,10 @@ func TestErrorf(t *testing.T) {
 		t.Fatal("Errorf(nil) is not nil")
 	}
 }
+
+func TestErrorfNamesOnce(t *testing.T) {
+	err := driver.Errorf("memlock", "trylock", "jobs", &locks.HeldError{Name: "jobs", Holder: "c1"})
+	if got, want := err.Error(), `memlock: trylock: locks: not acquired: "jobs" is held by c1`; got != want {
+		t.Fatalf("Errorf = %q, want %q", got, want)
+	}
+}
