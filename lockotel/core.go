@@ -172,13 +172,12 @@ func (c *core) nameAttr(name string) attribute.KeyValue {
 	return NameKey.String(name)
 }
 
-// measure returns the measurement option of a metric with the attributes
-// of the cached option fixed, plus the name when metrics carry names.
-func (c *core) measure(fixed metric.MeasurementOption, name attribute.KeyValue, attrs ...attribute.KeyValue) metric.MeasurementOption {
+// heldMeasure returns the measurement option of latchkey.leases.held.
+func (c *core) heldMeasure(name attribute.KeyValue) metric.MeasurementOption {
 	if !c.metricNames {
-		return fixed
+		return c.heldOpt
 	}
-	return metric.WithAttributes(append(attrs, name)...)
+	return metric.WithAttributes(c.backend, c.kind, name)
 }
 
 // acquire runs one acquiring call of op on name under a span, and wraps
@@ -188,7 +187,7 @@ func (c *core) acquire(ctx context.Context, op int, name string, call func(conte
 	start := time.Now()
 	nameKV := c.nameAttr(name)
 	ctx, span := c.tracer.Start(ctx, spanNames[op], trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithTimestamp(start), trace.WithAttributes(c.backend, c.kind, nameKV))
+		trace.WithAttributes(c.backend, c.kind, nameKV))
 	var fl *flight
 	if c.flights != nil && span.IsRecording() {
 		fl = c.flights.add(name, span)
@@ -203,17 +202,25 @@ func (c *core) acquire(ctx context.Context, op int, name string, call func(conte
 	var l *lease
 	if out == outAcquired {
 		l = c.newLease(inner, parent, nameKV, end)
-		span.SetAttributes(TokenKey.Int64(int64(l.Token())), SlotKey.Int(l.slot))
 	}
-	span.SetAttributes(OutcomeKey.String(outcomeNames[out]))
+	if span.IsRecording() {
+		if l != nil {
+			span.SetAttributes(TokenKey.Int64(int64(l.Token())), SlotKey.Int(l.slot), OutcomeKey.String(outcomeNames[out]))
+		} else {
+			span.SetAttributes(OutcomeKey.String(outcomeNames[out]))
+		}
+	}
 	if out == outError {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}
-	span.End(trace.WithTimestamp(end))
+	span.End()
 
-	opt := c.measure(c.callOpts[op][out], nameKV, c.backend, c.kind,
-		OperationKey.String(opNames[op]), OutcomeKey.String(outcomeNames[out]))
+	opt := c.callOpts[op][out]
+	if c.metricNames {
+		opt = metric.WithAttributes(c.backend, c.kind, OperationKey.String(opNames[op]),
+			OutcomeKey.String(outcomeNames[out]), nameKV)
+	}
 	c.ins.wait.Record(ctx, end.Sub(start).Seconds(), opt)
 	c.ins.acquisitions.Add(ctx, 1, opt)
 	if l == nil {

@@ -8,6 +8,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/latchkey-go/latchkey/locks"
@@ -24,6 +25,7 @@ type lease struct {
 	acquired time.Time
 
 	endOnce sync.Once
+	stop    func() bool // unregisters the AfterFunc that records the end
 }
 
 var _ locks.SlotLease = (*lease)(nil)
@@ -35,21 +37,24 @@ func (c *core) newLease(inner locks.Lease, parent trace.Span, nameKV attribute.K
 	l := &lease{
 		inner: inner,
 		c:     c,
-		// The backend made the lease's context from the call's, which
-		// carries the call's span; work under the lease belongs to the
-		// caller's span, as it would without the wrapper. A value context
-		// ends with its parent, at the same instant.
-		ctx:      trace.ContextWithSpan(inner.Context(), parent),
+		ctx:      inner.Context(),
 		nameKV:   nameKV,
 		acquired: acquired,
+	}
+	// The backend made the lease's context from the call's, which
+	// carries the call's span; work under the lease belongs to the
+	// caller's span, as it would without the wrapper. A value context
+	// ends with its parent, at the same instant.
+	if !trace.SpanContextFromContext(l.ctx).Equal(parent.SpanContext()) {
+		l.ctx = trace.ContextWithSpan(l.ctx, parent)
 	}
 	if sl, ok := inner.(locks.SlotLease); ok {
 		l.slot = sl.Slot()
 	}
-	c.ins.held.Add(l.ctx, 1, c.measure(c.heldOpt, nameKV, c.backend, c.kind))
+	c.ins.held.Add(l.ctx, 1, c.heldMeasure(nameKV))
 	// No goroutine waits for the end: AfterFunc starts one, briefly, when
-	// the context ends.
-	context.AfterFunc(inner.Context(), func() { l.end(time.Now()) })
+	// the context ends (unless Release records the end itself).
+	l.stop = context.AfterFunc(inner.Context(), func() { l.end(time.Now()) })
 	return l
 }
 
@@ -74,24 +79,33 @@ func (l *lease) Release(ctx context.Context) error {
 	c := l.c
 	start := time.Now()
 	ctx, span := c.tracer.Start(ctx, releaseSpan, trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithTimestamp(start), trace.WithAttributes(c.backend, c.kind, l.nameKV,
+		trace.WithAttributes(c.backend, c.kind, l.nameKV,
 			TokenKey.Int64(int64(l.inner.Token())), SlotKey.Int(l.slot)))
 	name := l.inner.Name()
 	var fl *flight
 	if c.flights != nil && span.IsRecording() {
 		fl = c.flights.add(name, span)
 	}
+	// Release records the end itself, so that it is in the metrics when
+	// Release returns, unless the lease had ended before: then the
+	// AfterFunc has started and end waits for it.
+	stopped := l.stop()
 	err := l.inner.Release(ctx)
 	if fl != nil {
 		c.flights.remove(name, fl)
 	}
-	if l.inner.Context().Err() != nil {
-		// Record the end now rather than when the AfterFunc runs, so
-		// that it is in the metrics when Release returns.
+	switch {
+	case l.inner.Context().Err() != nil:
 		l.end(start)
+	case stopped:
+		// Not ended by Release (a backend bug): record the end when it
+		// comes.
+		l.stop = context.AfterFunc(l.inner.Context(), func() { l.end(time.Now()) })
 	}
 	out := releaseOutcome(ctx, err)
-	span.SetAttributes(OutcomeKey.String(out))
+	if span.IsRecording() {
+		span.SetAttributes(OutcomeKey.String(out))
+	}
 	switch out {
 	case OutcomeLost:
 		span.SetStatus(codes.Error, err.Error())
@@ -108,10 +122,13 @@ func (l *lease) end(at time.Time) {
 	l.endOnce.Do(func() {
 		c := l.c
 		cause := causeOf(context.Cause(l.inner.Context()))
-		opt := c.measure(c.endOpts[cause], l.nameKV, c.backend, c.kind, CauseKey.String(causeNames[cause]))
+		opt := c.endOpts[cause]
+		if c.metricNames {
+			opt = metric.WithAttributes(c.backend, c.kind, CauseKey.String(causeNames[cause]), l.nameKV)
+		}
 		c.ins.hold.Record(l.ctx, at.Sub(l.acquired).Seconds(), opt)
 		c.ins.ends.Add(l.ctx, 1, opt)
-		c.ins.held.Add(l.ctx, -1, c.measure(c.heldOpt, l.nameKV, c.backend, c.kind))
+		c.ins.held.Add(l.ctx, -1, c.heldMeasure(l.nameKV))
 	})
 }
 
