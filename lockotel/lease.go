@@ -35,8 +35,8 @@ var _ locks.SlotLease = (*lease)(nil)
 // context ends.
 func (c *core) newLease(inner locks.Lease, parent trace.Span, nameKV attribute.KeyValue, acquired time.Time) *lease {
 	l := &lease{
-		inner: inner,
-		c:     c,
+		inner:    inner,
+		c:        c,
 		ctx:      inner.Context(),
 		nameKV:   nameKV,
 		acquired: acquired,

@@ -56,7 +56,9 @@ func (k *kitLocker) renewBatch(_ context.Context, batch []*driver.Lease) []drive
 	return out
 }
 
-func (k *kitLocker) Lock(ctx context.Context, name string) (locks.Lease, error) { return k.TryLock(ctx, name) }
+func (k *kitLocker) Lock(ctx context.Context, name string) (locks.Lease, error) {
+	return k.TryLock(ctx, name)
+}
 
 func (k *kitLocker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
 	k.mu.Lock()

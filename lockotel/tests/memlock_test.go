@@ -69,7 +69,7 @@ func TestLockerSpansAndMetrics(t *testing.T) {
 	if try.Status().Code != codes.Unset {
 		t.Errorf("not_acquired trylock span status %v, want unset", try.Status())
 	}
-	if v := attr(try, lockotel.TokenKey); v.Type() != attribute.INVALID {
+	if v := attr(try, lockotel.TokenKey); v.Type() != attribute.EMPTY {
 		t.Errorf("trylock that failed has a token attribute %s", show(v))
 	}
 	rel := tl.lastSpan(t, "latchkey.release")
@@ -281,7 +281,7 @@ func TestHashedNames(t *testing.T) {
 	}
 	for _, span := range tl.spans.Ended() {
 		checkAttrs(t, span, lockotel.NameHashKey.String(hash))
-		if v := attr(span, lockotel.NameKey); v.Type() != attribute.INVALID {
+		if v := attr(span, lockotel.NameKey); v.Type() != attribute.EMPTY {
 			t.Errorf("span %s shows the name %s", span.Name(), show(v))
 		}
 	}

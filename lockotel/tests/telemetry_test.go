@@ -196,10 +196,10 @@ func checkAttrs(t testing.TB, s sdktrace.ReadOnlySpan, want ...attribute.KeyValu
 }
 
 func show(v attribute.Value) string {
-	if v.Type() == attribute.INVALID {
+	if v.Type() == attribute.EMPTY {
 		return "(absent)"
 	}
-	return fmt.Sprintf("%q", v.Emit())
+	return fmt.Sprintf("%q", v.String())
 }
 
 // eventually polls cond until it holds, failing the test after within.
