@@ -50,6 +50,7 @@ func TestLockerSpansAndMetrics(t *testing.T) {
 		t.Errorf("lease context's span = %v, want the caller's %v", got.SpanID(), parent.SpanContext().SpanID())
 	}
 	inner := lease.(interface{ Unwrap() locks.Lease }).Unwrap()
+	time.Sleep(20 * time.Millisecond)
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -84,8 +85,8 @@ func TestLockerSpansAndMetrics(t *testing.T) {
 	if n, _ := tl.hist(t, "latchkey.lock.wait.duration", backend("memlock")); n != 2 {
 		t.Errorf("wait durations recorded = %d, want 2", n)
 	}
-	if n, _ := tl.hist(t, "latchkey.lock.hold.duration", cause("released")); n != 1 {
-		t.Errorf("hold durations with cause released = %d, want 1", n)
+	if n, s := tl.hist(t, "latchkey.lock.hold.duration", cause("released")); n != 1 || s < 0.02 || s > 10 {
+		t.Errorf("hold durations with cause released: %d totalling %vs, want 1 of at least 0.02s", n, s)
 	}
 	if got := tl.sum(t, "latchkey.lease.ends", cause("released"), kind("lock")); got != 1 {
 		t.Errorf("lease ends released = %d, want 1", got)
