@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"path"
 	"reflect"
 	"regexp"
@@ -193,6 +194,9 @@ func (c *core) acquire(ctx context.Context, op int, name string, call func(conte
 		fl = c.flights.add(name, span)
 	}
 	inner, err := call(ctx, name)
+	if err == nil && inner == nil {
+		err = fmt.Errorf("lockotel: %s %s %q returned neither a lease nor an error", c.backendName, opNames[op], name)
+	}
 	if fl != nil {
 		c.flights.remove(name, fl)
 	}
@@ -234,8 +238,6 @@ func acquireOutcome(ctx context.Context, l locks.Lease, err error) int {
 	switch {
 	case err == nil && l != nil:
 		return outAcquired
-	case err == nil:
-		return outError // a backend that returned neither
 	case errors.Is(err, locks.ErrNotAcquired):
 		return outNotAcquired
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):

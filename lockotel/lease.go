@@ -25,7 +25,7 @@ type lease struct {
 	acquired time.Time
 
 	endOnce sync.Once
-	stop    func() bool // unregisters the AfterFunc that records the end
+	stop    func() bool // unregisters the AfterFunc that records the end; set once
 }
 
 var _ locks.SlotLease = (*lease)(nil)
@@ -100,7 +100,7 @@ func (l *lease) Release(ctx context.Context) error {
 	case stopped:
 		// Not ended by Release (a backend bug): record the end when it
 		// comes.
-		l.stop = context.AfterFunc(l.inner.Context(), func() { l.end(time.Now()) })
+		context.AfterFunc(l.inner.Context(), func() { l.end(time.Now()) })
 	}
 	out := releaseOutcome(ctx, err)
 	if span.IsRecording() {

@@ -379,3 +379,48 @@ func TestNoGoroutinePerLease(t *testing.T) {
 		t.Errorf("ends = %d, want %d", got, n)
 	}
 }
+
+// Concurrent Releases are safe: one end is recorded, and every call
+// returns nil.
+func TestConcurrentRelease(t *testing.T) {
+	tl := newTelemetry(t)
+	l := lockotel.WrapLocker(memClient(t, memlock.New()).Locker(), tl.opts()...)
+	lease, err := l.Lock(context.Background(), "concurrent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() { errs <- lease.Release(context.Background()) }()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Errorf("Release: %v", err)
+		}
+	}
+	if got := tl.sum(t, "latchkey.lease.ends", cause("released")); got != 1 {
+		t.Errorf("ends = %d, want 1", got)
+	}
+	if got := tl.sum(t, "latchkey.leases.held"); got != 0 {
+		t.Errorf("leases held = %d, want 0", got)
+	}
+}
+
+// nothingLocker is a broken backend whose calls return neither a lease
+// nor an error.
+type nothingLocker struct{}
+
+func (nothingLocker) Lock(context.Context, string) (locks.Lease, error)    { return nil, nil }
+func (nothingLocker) TryLock(context.Context, string) (locks.Lease, error) { return nil, nil }
+
+// The wrapper turns a backend's (nil, nil) into an error, so callers never
+// get a nil lease without one.
+func TestNeitherLeaseNorError(t *testing.T) {
+	tl := newTelemetry(t)
+	l := lockotel.WrapLocker(nothingLocker{}, tl.opts()...)
+	lease, err := l.TryLock(context.Background(), "x")
+	if lease != nil || err == nil {
+		t.Fatalf("TryLock = %v, %v; want nil and an error", lease, err)
+	}
+	checkAttrs(t, tl.lastSpan(t, "latchkey.trylock"), outcome("error"), backend("tests"))
+}
