@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/goleak"
 
 	"github.com/latchkey-go/latchkey/lockotel"
 	"github.com/latchkey-go/latchkey/locks"
@@ -423,4 +425,36 @@ func TestNeitherLeaseNorError(t *testing.T) {
 		t.Fatalf("TryLock = %v, %v; want nil and an error", lease, err)
 	}
 	checkAttrs(t, tl.lastSpan(t, "latchkey.trylock"), outcome("error"), backend("tests"))
+}
+
+// No goroutine of the wrapper's outlives its leases, whether they end by
+// Release, by a loss or by their client's Close.
+func TestNoGoroutineOutlivesLeases(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	tl := newTelemetry(t)
+	store := memlock.New()
+	c, err := store.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := lockotel.WrapLocker(c.Locker(), tl.opts()...)
+	var leases []locks.Lease
+	for i := range 30 {
+		lease, err := l.Lock(context.Background(), fmt.Sprintf("leak-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, lease)
+	}
+	for i, lease := range leases {
+		switch i % 3 {
+		case 0:
+			_ = lease.Release(context.Background())
+		case 1:
+			store.Revoke(lease.Name())
+		}
+	}
+	_ = c.Close() // ends the third third
+	eventually(t, within, "not every end recorded", func() bool { return tl.sum(t, "latchkey.lease.ends") == 30 })
+	goleak.VerifyNone(t, ignore)
 }
