@@ -20,7 +20,8 @@
 // the attributes latchkey.backend, latchkey.lock.kind ("lock" or
 // "semaphore"), latchkey.lock.name (or latchkey.lock.name_hash, with
 // [WithHashedNames]), latchkey.outcome and, once a lease is held,
-// latchkey.lease.token and latchkey.lease.slot. The outcome of an
+// latchkey.lease.token (0 from a backend without fencing tokens) and
+// latchkey.lease.slot. The outcome of an
 // acquiring call is acquired, not_acquired (a Try call found the name
 // held), canceled (its context ended first) or error; that of Release is
 // released, lost (the lease had been lost), canceled or error. Errors and
