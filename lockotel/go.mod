@@ -1,0 +1,20 @@
+module github.com/latchkey-go/latchkey/lockotel
+
+go 1.26.0
+
+require (
+	github.com/latchkey-go/latchkey/locks v0.0.0
+	go.opentelemetry.io/otel v1.47.0
+	go.opentelemetry.io/otel/metric v1.47.0
+	go.opentelemetry.io/otel/trace v1.47.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/otel/log v1.47.0 // indirect
+)
+
+replace github.com/latchkey-go/latchkey/locks => ../locks
