@@ -95,18 +95,23 @@ func (e *Events) Observe(fn func(Event)) (stop func()) {
 	}
 }
 
-// Emit sends ev to every observer. It costs one read lock when there are
-// none.
+// Emit sends ev to every observer, outside any lock, so an observer may
+// call its stop function. It costs one read lock when there are none.
 func (e *Events) Emit(ev Event) {
 	e.mu.RLock()
-	defer e.mu.RUnlock()
 	if len(e.subs) == 0 {
+		e.mu.RUnlock()
 		return
 	}
+	fns := make([]func(Event), 0, len(e.subs))
+	for _, fn := range e.subs {
+		fns = append(fns, fn)
+	}
+	e.mu.RUnlock()
 	if ev.Backend == "" {
 		ev.Backend = e.backend
 	}
-	for _, fn := range e.subs {
+	for _, fn := range fns {
 		fn(ev)
 	}
 }
