@@ -31,7 +31,7 @@ const (
 // Default is the target run by a bare `go run mage.go`.
 var Default = Test
 
-// Check runs Lint, then Models, then Test.
+// Check runs Lint, then Models, then Test, then ReleaseCheck.
 func Check() {
-	mg.SerialDeps(Lint, Models, Test)
+	mg.SerialDeps(Lint, Models, Test, ReleaseCheck)
 }

@@ -22,7 +22,7 @@ var (
 func AddRelease(changelog, version string, date time.Time) (string, error) {
 	loc := unreleasedHeading.FindStringIndex(changelog)
 	if loc == nil {
-		return "", errors.New("no \"## [Unreleased]\" section")
+		return "", errors.New("no Unreleased section (a \"## [Unreleased]\" heading)")
 	}
 	if strings.Contains(changelog, "## ["+version+"]") {
 		return "", fmt.Errorf("a section for %s exists", version)

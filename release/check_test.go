@@ -27,12 +27,25 @@ func TestCheck(t *testing.T) {
 				// what go mod tidy adds for the suite's requirements
 				"require example.test/dockertest v1.0.0 // indirect\n"},
 			want: []string{
-				"backend: go.mod requires example.test/kit/contracttest v0.1.0, a support module for tests",
-				"backend: go.mod requires example.test/dockertest v1.0.0 (indirect), a test-only module",
-				"backend consumer: holds example.test/kit/contracttest v0.0.0-candidate, a support module for tests: " +
-					"required by consumer → backend@v0.0.0-candidate → contracttest@v0.0.0-candidate",
-				"backend consumer: holds example.test/dockertest v1.0.0, a test-only module: required by consumer → " +
-					"backend@v0.0.0-candidate → example.test/dockertest@v1.0.0",
+				"backend: go.mod requires example.test/kit/contracttest v0.1.0: a support module for tests",
+				"backend: go.mod requires example.test/dockertest v1.0.0 (indirect): a test-only module",
+				"backend consumer: holds example.test/kit/contracttest v0.0.0-candidate: a support module for tests, " +
+					"via backend@v0.0.0-candidate → contracttest@v0.0.0-candidate",
+				"backend consumer: holds example.test/dockertest v1.0.0: a test-only module, " +
+					"via backend@v0.0.0-candidate → example.test/dockertest@v1.0.0",
+			},
+		},
+		{
+			name: "test-only module missing from an untidy go.mod",
+			edits: map[string]string{
+				"backend/go.mod":          backendMod + "\texample.test/kit/contracttest v0.1.0\n\texample.test/kit/locks v0.1.0\n)\n",
+				"backend/backend_test.go": "package backend\n\nimport _ \"example.test/kit/contracttest\"\n",
+				"contracttest/suite.go": "// Package contracttest is the fake suite.\npackage contracttest\n\n" +
+					"import _ \"example.test/dockertest\"\n",
+			},
+			want: []string{
+				"backend consumer: holds example.test/dockertest v1.0.0: a test-only module, listed by the consumer's go mod tidy " +
+					"for the imports backend → backend.test → contracttest → example.test/dockertest",
 			},
 		},
 		{
@@ -40,9 +53,9 @@ func TestCheck(t *testing.T) {
 			edits: map[string]string{"backend/go.mod": backendMod +
 				"\texample.test/dockertest v1.0.0\n\texample.test/kit/locks v0.1.0\n)\n"},
 			want: []string{
-				"backend: go.mod requires example.test/dockertest v1.0.0, a test-only module",
-				"backend consumer: holds example.test/dockertest v1.0.0, a test-only module: required by consumer → " +
-					"backend@v0.0.0-candidate → example.test/dockertest@v1.0.0",
+				"backend: go.mod requires example.test/dockertest v1.0.0: a test-only module",
+				"backend consumer: holds example.test/dockertest v1.0.0: a test-only module, " +
+					"via backend@v0.0.0-candidate → example.test/dockertest@v1.0.0",
 			},
 		},
 		{
@@ -50,9 +63,15 @@ func TestCheck(t *testing.T) {
 			edits: map[string]string{"backend/go.mod": backendMod +
 				"\texample.test/kit/locks v0.1.0\n\texample.test/otherclient v1.0.0\n)\n"},
 			want: []string{
-				"backend: go.mod requires example.test/otherclient v1.0.0, another broker's client",
-				"backend consumer: holds example.test/otherclient v1.0.0, another broker's client",
+				"backend: go.mod requires example.test/otherclient v1.0.0: another broker's client (backend may have only example.test/client)",
+				"backend consumer: holds example.test/otherclient v1.0.0: another broker's client, via backend@v0.0.0-candidate",
 			},
+		},
+		{
+			name: "a module its client does not bring",
+			edits: map[string]string{"backend/go.mod": backendMod +
+				"\texample.test/extra v1.0.0\n\texample.test/kit/locks v0.1.0\n)\n"},
+			want: []string{"backend consumer: holds 1 more module(s) that its broker client example.test/client does not bring: example.test/extra v1.0.0"},
 		},
 		{
 			name: "fake version and replace",
@@ -102,6 +121,11 @@ func TestCheck(t *testing.T) {
 			for _, want := range tt.want {
 				if !hasProblem(pe.Problems, want) {
 					t.Errorf("no problem says %q; got:\n%v", want, err)
+				}
+			}
+			for _, p := range pe.Problems {
+				if p.Fix != "" && (!strings.Contains(err.Error(), "\nto fix:") || !strings.Contains(err.Error(), "\n  - "+p.Fix)) {
+					t.Errorf("the error does not say how to fix %q:\n%v", p, err)
 				}
 			}
 		})

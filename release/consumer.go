@@ -41,6 +41,10 @@ type Consumer struct {
 	// Graph is go mod graph: each node's requirements; nodes are
 	// "path@version", the consumer's own node is its bare path.
 	Graph map[string][]string
+	// why returns the import chain by which the consumer's packages and
+	// their tests need a module (go mod why -m), from the library on;
+	// nil when unknown.
+	why func(modPath string) []string
 }
 
 // BuildConsumer makes a consumer of lib at version in dir (which must not
@@ -81,6 +85,13 @@ func BuildConsumer(ctx context.Context, lib *Module, version, templateDir, dir s
 		return c, err
 	}
 	c.Modules, c.Graph = parseModList(list, c.Path), parseModGraph(graph)
+	c.why = func(modPath string) []string {
+		out, err := runGo(ctx, dir, goEnv, "mod", "why", "-m", modPath)
+		if err != nil {
+			return nil
+		}
+		return parseModWhy(out, c.Path)
+	}
 	_, err = runGo(ctx, dir, goEnv, "build", "-o", "consumer", ".")
 	return c, err
 }
@@ -194,6 +205,21 @@ func parseModList(out, self string) []module.Version {
 		mods = append(mods, module.Version{Path: f[0], Version: f[1]})
 	}
 	return mods
+}
+
+// parseModWhy reads the import chain of `go mod why -m`: a "# module"
+// line, then one package a line, the consumer's first (left out). It
+// returns nil when the main module does not need the module.
+func parseModWhy(out, self string) []string {
+	var chain []string
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "(") || under(line, self) {
+			continue
+		}
+		chain = append(chain, line)
+	}
+	return chain
 }
 
 // parseModGraph reads `go mod graph`: "from to" lines.

@@ -64,6 +64,7 @@ var thirdParty = map[string]string{
 	"example.test/otherclient": "",
 	"example.test/dockertest":  "",
 	"example.test/leakcheck":   "",
+	"example.test/extra":       "",
 }
 
 // writeTree writes files under dir, with edits applied: a path mapped to

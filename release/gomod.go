@@ -11,11 +11,24 @@ import (
 
 // A Problem is one reason a release would not work for its users.
 type Problem struct {
-	Module string // the directory of the module at fault, or of the consumer
-	Msg    string
+	Module string // the directory of the module at fault, or "<dir> consumer"
+	Msg    string // what is wrong, naming the requirement at fault
+	Fix    string // how to fix it; problems of one kind share it
 }
 
 func (p Problem) String() string { return p.Module + ": " + p.Msg }
+
+// How to fix each kind of problem.
+const (
+	fixReplace  = "drop the replace lines from released go.mod files: go.work wires the local copies, and Go ignores a dependency's replace anyway"
+	fixFake     = "require siblings at a released version (release sets them): v0.0.0 and v0.0.0-00010101000000-000000000000 resolve only through a replace"
+	fixTestOnly = "move the tests that need test-only modules (contracttest, testenv, dockertest, embedded servers, goleak...) into a module of their own, then go mod tidy"
+	fixClient   = "a backend requires only its own broker's client (its Role.Client in the release policy)"
+	fixSibling  = "a released module requires only released siblings (see the release policy's roles)"
+	fixVersions = "released modules move together: require every sibling at the one release version"
+	fixLean     = "a library's go.mod lists only locks, its broker's client and what that needs; a module it really needs goes in its Role.Allow"
+	fixPath     = "a module in directory d must have the path <root>/d for its tags d/vX.Y.Z to work"
+)
 
 // ProblemsError is the error of a check that found problems.
 type ProblemsError struct {
@@ -23,21 +36,40 @@ type ProblemsError struct {
 	Problems []Problem
 }
 
+// Error lists the problems grouped by module, then how to fix each kind.
 func (e *ProblemsError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: %d problem(s):", e.What, len(e.Problems))
+	fmt.Fprintf(&b, "%s: %d problem(s)", e.What, len(e.Problems))
+	var fixes []string
+	last := ""
 	for _, p := range e.Problems {
-		b.WriteString("\n  " + p.String())
+		if p.Module != last {
+			fmt.Fprintf(&b, "\n%s:", p.Module)
+			last = p.Module
+		}
+		b.WriteString("\n  " + p.Msg)
+		if p.Fix != "" && !slices.Contains(fixes, p.Fix) {
+			fixes = append(fixes, p.Fix)
+		}
+	}
+	if len(fixes) > 0 {
+		b.WriteString("\nto fix:")
+		for _, f := range fixes {
+			b.WriteString("\n  - " + f)
+		}
 	}
 	return b.String()
 }
 
-// AsError returns nil for no problems, else a *ProblemsError.
+// AsError returns nil for no problems, else a *ProblemsError with the
+// problems sorted by module, keeping their order within a module.
 func AsError(what string, problems []Problem) error {
 	if len(problems) == 0 {
 		return nil
 	}
-	return &ProblemsError{What: what, Problems: problems}
+	sorted := slices.Clone(problems)
+	slices.SortStableFunc(sorted, func(a, b Problem) int { return strings.Compare(a.Module, b.Module) })
+	return &ProblemsError{What: what, Problems: sorted}
 }
 
 // IsFakeVersion reports whether v is a version no one can download: v0.0.0,
@@ -75,20 +107,19 @@ func CheckGoMods(ws *Workspace) []Problem {
 func checkGoMod(ws *Workspace, m *Module) []Problem {
 	p := ws.Policy
 	var out []Problem
-	add := func(format string, args ...any) {
-		out = append(out, Problem{Module: m.Dir, Msg: fmt.Sprintf(format, args...)})
+	add := func(fix, format string, args ...any) {
+		out = append(out, Problem{Module: m.Dir, Msg: fmt.Sprintf(format, args...), Fix: fix})
 	}
 	if want := modulePathFor(p.RootPath, m.Dir); m.Path != want {
-		add("module path %s: its tags %s/vX.Y.Z need the path %s", m.Path, m.Dir, want)
+		add(fixPath, "module path %s: its tags %s/vX.Y.Z need the path %s", m.Path, m.Dir, want)
 	}
 	for _, r := range m.File.Replace {
-		add("go.mod has replace %s => %s: a released go.mod must have none (Go ignores a dependency's replace, so a user's build fails); go.work wires the local copies",
-			describe(r.Old), describe(r.New))
+		add(fixReplace, "go.mod has replace %s => %s", describe(r.Old), describe(r.New))
 	}
 	for _, r := range m.File.Require {
 		req := describeReq(r)
 		if IsFakeVersion(r.Mod.Version) {
-			add("go.mod requires %s: a fake version no one can download; require a released version", req)
+			add(fixFake, "go.mod requires %s: a fake version no one can download", req)
 		}
 		if p.isSibling(r.Mod.Path) {
 			checkSiblingReq(ws, m, r, add)
@@ -99,10 +130,9 @@ func checkGoMod(ws *Workspace, m *Module) []Problem {
 		}
 		switch {
 		case p.testOnly(r.Mod.Path):
-			add("go.mod requires %s, a test-only module: every user of %s would get it; move the tests that need it to a module of their own",
-				req, m.Dir)
+			add(fixTestOnly, "go.mod requires %s: a test-only module", req)
 		case p.otherClient(r.Mod.Path, m.Role.Client):
-			add("go.mod requires %s, another broker's client: a user of %s must get only %s", req, m.Dir, orNone(m.Role.Client))
+			add(fixClient, "go.mod requires %s: another broker's client (%s)", req, clientNote(m))
 		}
 	}
 	return out
@@ -110,19 +140,18 @@ func checkGoMod(ws *Workspace, m *Module) []Problem {
 
 // checkSiblingReq checks m's requirement r on another module of this
 // repository.
-func checkSiblingReq(ws *Workspace, m *Module, r *modfile.Require, add func(string, ...any)) {
+func checkSiblingReq(ws *Workspace, m *Module, r *modfile.Require, add func(string, string, ...any)) {
 	s := ws.Module(r.Mod.Path)
 	req := describeReq(r)
 	switch {
 	case s == nil:
-		add("go.mod requires %s, which is not a go.work module", req)
+		add(fixSibling, "go.mod requires %s: not a go.work module", req)
 	case s.Role.Kind == Unreleased:
-		add("go.mod requires %s, which is never released (%s)", req, s.Role.Kind)
+		add(fixSibling, "go.mod requires %s: never released (%s)", req, s.Role.Why)
 	case m.Role.Kind == Library && s.Role.Kind == Support:
-		add("go.mod requires %s, a support module for tests: every user of %s would get it and what it requires; move the tests that need it to a module of their own",
-			req, m.Dir)
+		add(fixTestOnly, "go.mod requires %s: a support module for tests", req)
 	case m.Role.Kind == Library && s.Role.Client != "" && s.Role.Client != m.Role.Client:
-		add("go.mod requires %s, another backend (with %s)", req, s.Role.Client)
+		add(fixClient, "go.mod requires %s: another backend (with %s)", req, s.Role.Client)
 	}
 }
 
@@ -144,8 +173,7 @@ func checkSiblingVersions(ws *Workspace) []Problem {
 	for _, v := range sortedKeys(users) {
 		parts = append(parts, v+" ("+strings.Join(users[v], ", ")+")")
 	}
-	return []Problem{{Module: "(all)", Msg: "sibling requirements name different versions: " + strings.Join(parts, "; ") +
-		": released modules move together, each requiring its siblings at the one release version"}}
+	return []Problem{{Module: "(all)", Msg: "sibling requirements name different versions: " + strings.Join(parts, "; "), Fix: fixVersions}}
 }
 
 // modulePathFor returns the module path a module in dir must have.
@@ -171,11 +199,12 @@ func describe(v module.Version) string {
 	return v.Path + " " + v.Version
 }
 
-func orNone(client string) string {
-	if client == "" {
-		return "no broker client"
+// clientNote says which broker client m may have.
+func clientNote(m *Module) string {
+	if m.Role.Client == "" {
+		return m.Dir + " may have none"
 	}
-	return client
+	return m.Dir + " may have only " + m.Role.Client
 }
 
 // PinSiblings returns m's go.mod with every requirement on a released

@@ -45,6 +45,10 @@ type Role struct {
 	// Client is the broker client module a Library may require (its
 	// path, e.g. github.com/nats-io/nats.go); "" for none.
 	Client string
+	// Allow lists the modules besides locks and its client's that a
+	// Library's users may get (paths, covering the paths below them);
+	// anything else in a consumer's graph is a problem.
+	Allow []string
 	// Why says in a few words why the module has this role; it is shown
 	// in the plan.
 	Why string
