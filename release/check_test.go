@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"golang.org/x/mod/module"
 )
 
 // TestCheck runs the whole release check (go.mod rules, packing, a
@@ -204,5 +206,81 @@ func TestOrder(t *testing.T) {
 	})
 	if _, err := ws.Order(); err == nil || !strings.Contains(err.Error(), "form a cycle") {
 		t.Errorf("Order with a cycle = %v, want a cycle error", err)
+	}
+}
+
+// TestCheckConsumerGraph checks the graph rules alone, on graphs written
+// out: what the client brings is allowed at whatever version the graph
+// selected; what only the library brings is not.
+func TestCheckConsumerGraph(t *testing.T) {
+	ws := fakeWorkspace(t, nil)
+	lib := ws.Module(fakeRoot + "/backend")
+	const cand = "v0.0.0-candidate"
+	base := map[string][]string{
+		"example.com/consumer/backend":          {"example.test/kit/backend@" + cand},
+		"example.test/kit/backend@" + cand:      {"example.test/kit/locks@" + cand, "example.test/client@v1.0.0", "example.test/crypto@v2.0.0"},
+		"example.test/client@v1.0.0":            {"example.test/crypto@v1.0.0", "example.test/leakcheck@v1.0.0"},
+		"example.test/crypto@v2.0.0":            {"example.test/net@v1.0.0"},
+		"example.test/kit/locks@" + cand:        nil,
+		"example.test/kit/contracttest@" + cand: {"example.test/dockertest@v1.0.0"},
+	}
+	mods := "example.test/client v1.0.0,example.test/crypto v2.0.0,example.test/kit/backend " + cand +
+		",example.test/kit/locks " + cand + ",example.test/leakcheck v1.0.0,example.test/net v1.0.0"
+	tests := []struct {
+		name  string
+		edges map[string][]string // added to base
+		mods  string              // added to mods
+		want  []string
+	}{
+		{name: "only the client's modules, at the versions selected"},
+		{
+			name:  "a test-only module the library brings",
+			edges: map[string][]string{"example.test/kit/backend@" + cand: {"example.test/dockertest@v1.0.0"}},
+			mods:  "example.test/dockertest v1.0.0",
+			want:  []string{"holds example.test/dockertest v1.0.0: a test-only module, via backend@v0.0.0-candidate → example.test/dockertest@v1.0.0"},
+		},
+		{
+			name:  "a module only the library brings",
+			edges: map[string][]string{"example.test/kit/backend@" + cand: {"example.test/extra@v1.0.0"}},
+			mods:  "example.test/extra v1.0.0",
+			want:  []string{"holds 1 more module(s) that its broker client example.test/client does not bring: example.test/extra v1.0.0"},
+		},
+		{
+			name:  "a support module",
+			edges: map[string][]string{"example.test/kit/backend@" + cand: {"example.test/kit/contracttest@" + cand}},
+			mods:  "example.test/kit/contracttest " + cand + ",example.test/dockertest v1.0.0",
+			want: []string{
+				"holds example.test/kit/contracttest v0.0.0-candidate: a support module for tests, via backend@v0.0.0-candidate → contracttest@v0.0.0-candidate",
+				"holds example.test/dockertest v1.0.0: a test-only module, via backend@v0.0.0-candidate → contracttest@v0.0.0-candidate → example.test/dockertest@v1.0.0",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &Consumer{Library: lib, Path: "example.com/consumer/backend", Graph: map[string][]string{}}
+			for k, v := range base {
+				c.Graph[k] = v
+			}
+			for k, v := range tt.edges {
+				c.Graph[k] = append(c.Graph[k], v...)
+			}
+			all := mods
+			if tt.mods != "" {
+				all += "," + tt.mods
+			}
+			for _, m := range strings.Split(all, ",") {
+				path, version, _ := strings.Cut(m, " ")
+				c.Modules = append(c.Modules, module.Version{Path: path, Version: version})
+			}
+			problems := CheckConsumer(ws, c, cand)
+			if len(problems) != len(tt.want) {
+				t.Errorf("CheckConsumer found %d problem(s), want %d: %v", len(problems), len(tt.want), problems)
+			}
+			for _, want := range tt.want {
+				if !hasProblem(problems, want) {
+					t.Errorf("no problem says %q; got %v", want, problems)
+				}
+			}
+		})
 	}
 }

@@ -67,32 +67,33 @@ func beyond(lib *Module) string {
 	return "that its broker client " + lib.Role.Client + " does not bring"
 }
 
-// reachable returns the module paths reachable in g from the nodes of
-// module client (any version), not passing through the modules skip
-// selects; empty when client is "".
+// reachable returns the module paths reachable in g from module client,
+// not passing through the modules skip selects; empty when client is "".
+// It works on paths, not versions: a module the client requires brings
+// what that module requires at the version the graph selected, which may
+// be above the one the client names (the library may require a newer
+// golang.org/x/crypto than nats.go does), and a pruned graph lists only
+// the selected version's requirements.
 func reachable(g map[string][]string, client string, skip func(string) bool) map[string]bool {
 	seen := map[string]bool{}
 	if client == "" {
 		return seen
 	}
-	var queue []string
+	edges := map[string][]string{} // path -> paths it requires, any version
 	for from, tos := range g {
-		for _, n := range append([]string{from}, tos...) {
-			if nodePath(n) == client {
-				queue = append(queue, n)
-			}
+		for _, to := range tos {
+			edges[nodePath(from)] = append(edges[nodePath(from)], nodePath(to))
 		}
 	}
-	visited := map[string]bool{}
+	queue := []string{client}
 	for len(queue) > 0 {
-		n := queue[0]
+		p := queue[0]
 		queue = queue[1:]
-		if visited[n] || skip(nodePath(n)) {
+		if seen[p] || skip(p) {
 			continue
 		}
-		visited[n] = true
-		seen[nodePath(n)] = true
-		queue = append(queue, g[n]...)
+		seen[p] = true
+		queue = append(queue, edges[p]...)
 	}
 	return seen
 }
