@@ -11,11 +11,13 @@
 //	go run ./benchmarks/cmd/lockbench --duration 2s --json out.json --svg out.svg
 //	go run ./benchmarks/cmd/lockbench --only 'redlockprio/*,redsync/*,redislock,floor/redis' --scenarios uncontended,contended
 //
-// It starts what it needs: NATS always in-process (a single JetStream node
-// and a 3-node cluster), Redis masters from the local redis-server on free
-// loopback ports (or LOCKS_REDIS_ADDRS), and uses the RabbitMQ at
-// LOCKS_AMQP_URL or amqp://guest:guest@127.0.0.1:5672/. Systems whose
-// broker is missing are left out, and the output says which and why.
+// It starts what it needs through testenv and natsenv, as the tests do:
+// NATS always in-process (a single JetStream node and a 3-node cluster),
+// Redis masters from the local redis-server on free loopback ports (or
+// LOCKS_REDIS_ADDRS), and uses the RabbitMQ at LOCKS_AMQP_URL or
+// amqp://guest:guest@127.0.0.1:5672/ (Redis and RabbitMQ in Docker
+// containers when those are missing and a Docker engine answers). Systems
+// whose broker is missing are left out, and the output says which and why.
 // Run lockbench --help for the flags, the systems and the scenarios.
 package main
 
@@ -75,11 +77,12 @@ floor/redis) and to its best peer (redlockprio/Nk to redsync/Nk, and N1 also
 to redislock): p50 ÷ p50 for latency scenarios, ops/s ÷ ops/s for contended
 and many.
 
-Brokers (started or found; loopback only):
+Brokers (started or found, as testenv does for the tests; loopback only):
   NATS      embedded nats-server, always (one node and a 3-node cluster)
   Redis     LOCKS_REDIS_ADDRS (5 independent masters), else 5 redis-server
-            processes started from the PATH on free ports
+            processes started from the PATH on free ports (else Docker)
   RabbitMQ  LOCKS_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/
+            (else Docker)
 Systems whose broker is missing are left out, and lockbench says why.
 
 Flags:
@@ -149,7 +152,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 
 	bk := startBrokers(ctx, entries, logf)
-	defer bk.close()
+	defer bk.close(logf)
 	env := bk.env
 	env.TTL = *ttl
 
