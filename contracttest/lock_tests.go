@@ -68,7 +68,7 @@ func section(e *env, get func(context.Context, string) (locks.Lease, error), nam
 }
 
 func lockers(e *env) func(int) func(context.Context, string) (locks.Lease, error) {
-	return func(int) func(context.Context, string) (locks.Lease, error) { return e.locker().Lock }
+	return func(int) func(context.Context, string) (locks.Lease, error) { return e.newClientLocker().Lock }
 }
 
 // testMutualExclusion: several clients take turns on one name; no two
@@ -92,7 +92,7 @@ func testFencing(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	if !e.caps.Fencing {
-		l := e.locker()
+		l := e.newClientLocker()
 		lease := e.mustTryLock(l, e.name())
 		defer e.mustRelease(lease)
 		if tok := lease.Token(); tok != 0 {
@@ -101,7 +101,7 @@ func testFencing(t testing.TB, nh NewHarness) {
 		t.Skip("fencing tokens not supported")
 	}
 	name := e.name()
-	a, b := e.locker(), e.locker()
+	a, b := e.newClientLocker(), e.newClientLocker()
 	first := e.mustTryLock(a, name)
 	e.mustRelease(first)
 	second := e.mustTryLock(b, name)
@@ -127,7 +127,7 @@ func testTryLockHeld(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	a, b := e.locker(), e.locker()
+	a, b := e.newClientLocker(), e.newClientLocker()
 	lease := e.mustTryLock(a, name)
 	start := time.Now()
 	e.expectHeld(b, name, "while another client holds the name")
@@ -150,7 +150,7 @@ func testLockWaitsForRelease(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	a, b := e.locker(), e.locker()
+	a, b := e.newClientLocker(), e.newClientLocker()
 	held := e.mustTryLock(a, name)
 
 	got := make(chan locks.Lease, 1)
@@ -189,7 +189,7 @@ func testLockWaitsForRelease(t testing.TB, nh NewHarness) {
 func testDistinctNames(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	a, b := e.locker(), e.locker()
+	a, b := e.newClientLocker(), e.newClientLocker()
 	n1, n2 := e.name(), e.name()
 	l1 := e.mustTryLock(a, n1)
 	l2 := e.mustTryLock(b, n2)
@@ -205,7 +205,7 @@ func testCancellation(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	a, b, c := e.locker(), e.locker(), e.locker()
+	a, b, c := e.newClientLocker(), e.newClientLocker(), e.newClientLocker()
 	held := e.mustTryLock(a, name)
 	lock := func(ctx context.Context) (locks.Lease, error) { return b.Lock(ctx, name) }
 
@@ -273,32 +273,70 @@ func (e *env) expectCancelledFails(op string, call func(context.Context) (locks.
 }
 
 // testCancellationRace: contexts that end at random moments while the
-// holder releases at random moments never leave the name held.
+// holder releases at random moments never leave the name held: after each
+// round, once the holder has released and the waiter's Lock has returned
+// (and the waiter released what it got), a third client takes the name at
+// once. The waiter's context ends a little before the release in even
+// rounds and a little after it in odd ones, so that both orders are run
+// close to the moment they cross.
 func testCancellationRace(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	a, b, c := e.locker(), e.locker(), e.locker()
+	a, b, c := e.newClientLocker(), e.newClientLocker(), e.newClientLocker()
 	for i := range 10 {
 		held := e.mustLock(a, name)
-		ctx, cancel := context.WithTimeout(e.ctx, time.Duration(rand.IntN(40))*time.Millisecond)
-		done := make(chan struct{})
+		first := time.Duration(rand.IntN(40)) * time.Millisecond
+		second := first + time.Duration(1+rand.IntN(4))*time.Millisecond
+		deadline, release, order := first, second, "before"
+		if i%2 == 1 {
+			deadline, release, order = second, first, "after"
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, deadline)
+		waited := make(chan string, 1) // what the waiter's Lock did
 		go func() {
-			defer close(done)
 			lease, err := b.Lock(ctx, name)
 			switch {
 			case err == nil:
-				_ = lease.Release(e.ctx)
+				if rerr := lease.Release(e.ctx); rerr != nil {
+					t.Errorf("round %d: Release of the waiter's lease: %v", i, rerr)
+				}
+				waited <- "got the name and released it"
 			case !errors.Is(err, context.DeadlineExceeded):
 				t.Errorf("round %d: Lock failed with %v; want a lease or context.DeadlineExceeded", i, err)
+				waited <- fmt.Sprintf("returned %v", err)
+			default:
+				waited <- fmt.Sprintf("returned %v", err)
 			}
 		}()
-		time.Sleep(time.Duration(rand.IntN(40)) * time.Millisecond)
+		time.Sleep(release)
 		e.mustRelease(held)
-		<-done
+		outcome := <-waited
 		cancel()
+		tctx, tcancel := e.opCtx()
+		lease, err := c.TryLock(tctx, name)
+		tcancel()
+		if err != nil {
+			t.Fatalf("round %d (the waiter's context ending %v %s the holder's release): the waiter's Lock %s; then TryLock(%q) by a third client = %v; the name must be free (%s)",
+				i, second-first, order, outcome, name, err, e.freedAfter(c, name))
+		}
+		e.mustRelease(lease)
 	}
-	e.mustRelease(e.mustTryLock(c, name))
+}
+
+// freedAfter says how long a name that should be free takes to come
+// free for l: within CrashRecovery (left to expire, or undone late) or
+// not at all.
+func (e *env) freedAfter(l locks.Locker, name string) string {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(e.ctx, bound(e.caps.CrashRecovery))
+	defer cancel()
+	lease, err := l.Lock(ctx, name)
+	if err != nil {
+		return fmt.Sprintf("still held %v later: %v", time.Since(start).Round(time.Millisecond), err)
+	}
+	_ = lease.Release(e.ctx)
+	return fmt.Sprintf("it came free %v later", time.Since(start).Round(time.Millisecond))
 }
 
 // testRelease: Release is idempotent, ends the context with ErrReleased,
@@ -307,7 +345,7 @@ func testRelease(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	a, b := e.locker(), e.locker()
+	a, b := e.newClientLocker(), e.newClientLocker()
 	lease := e.mustTryLock(a, name)
 	ctx := lease.Context()
 	if err := ctx.Err(); err != nil {
@@ -354,7 +392,7 @@ func testReleaseEndedContext(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	a, b := e.locker(), e.locker()
+	a, b := e.newClientLocker(), e.newClientLocker()
 	lease := e.mustTryLock(a, name)
 
 	ended, cancel := context.WithCancel(e.ctx)
@@ -403,16 +441,18 @@ func testReleaseEndedContext(t testing.TB, nh NewHarness) {
 func testClosed(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	c, l := e.lockerClient()
+	c, l := e.newClientWithLocker()
 	var s locks.Semaphore
 	if e.caps.Semaphore {
 		var err error
 		if s, err = c.Semaphore(e.ctx, semSize); err != nil {
 			t.Fatalf("Semaphore(%d): %v", semSize, err)
 		}
+	} else {
+		e.skippedPart("Acquire and TryAcquire on a closed client", "the backend has no Semaphore")
 	}
 	busyName, free := e.name(), e.name()
-	other := e.locker()
+	other := e.newClientLocker()
 	busy := e.mustTryLock(other, busyName)
 
 	if err := c.Close(); err != nil {
@@ -454,14 +494,14 @@ func testClosed(t testing.TB, nh NewHarness) {
 func testCloseEndsLeases(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	c, l := e.lockerClient()
+	c, l := e.newClientWithLocker()
 	type held struct {
 		what  string
 		lease locks.Lease
 		again func(context.Context) (locks.Lease, error) // by another client
 	}
 	lockName := e.name()
-	other := e.locker()
+	other := e.newClientLocker()
 	leases := []held{{"lock", e.mustTryLock(l, lockName), func(ctx context.Context) (locks.Lease, error) {
 		return other.Lock(ctx, lockName)
 	}}}
@@ -472,10 +512,12 @@ func testCloseEndsLeases(t testing.TB, nh NewHarness) {
 		}
 		semName := e.name()
 		lease := e.mustTryAcquire(s, semName, "of a free one-slot semaphore")
-		otherSem := e.semaphore(1)
+		otherSem := e.newClientSemaphore(1)
 		leases = append(leases, held{"semaphore slot", lease, func(ctx context.Context) (locks.Lease, error) {
 			return otherSem.Acquire(ctx, semName)
 		}})
+	} else {
+		e.skippedPart("a semaphore slot held by the closed client", "the backend has no Semaphore")
 	}
 
 	start := time.Now()
@@ -509,7 +551,7 @@ func testStaleRelease(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	a, b, c := e.locker(), e.locker(), e.locker()
+	a, b, c := e.newClientLocker(), e.newClientLocker(), e.newClientLocker()
 	old := e.mustTryLock(a, name)
 	e.mustRelease(old)
 	next := e.mustTryLock(b, name)
@@ -519,6 +561,7 @@ func testStaleRelease(t testing.TB, nh NewHarness) {
 
 	r, ok := e.h.(Revoker)
 	if !ok {
+		e.skippedPart("the stale Release of a revoked lease", "the harness cannot revoke leases (not a Revoker)")
 		return
 	}
 	old = e.mustTryLock(a, name)
@@ -541,9 +584,9 @@ func testCrashLiveness(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	holder, hl := e.lockerClient()
+	holder, hl := e.newClientWithLocker()
 	held := e.mustTryLock(hl, name)
-	b := e.locker()
+	b := e.newClientLocker()
 	start := time.Now()
 	if err := e.h.Kill(e.ctx, holder); err != nil {
 		t.Fatalf("Kill: %v", err)
@@ -570,9 +613,9 @@ func testTryLockRecoversCrash(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	name := e.name()
-	holder, hl := e.lockerClient()
+	holder, hl := e.newClientWithLocker()
 	held := e.mustTryLock(hl, name)
-	b := e.locker()
+	b := e.newClientLocker()
 	start := time.Now()
 	if err := e.h.Kill(e.ctx, holder); err != nil {
 		t.Fatalf("Kill: %v", err)
@@ -607,7 +650,7 @@ func testTryLockRecoversCrash(t testing.TB, nh NewHarness) {
 func testLossOnKill(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	holder, hl := e.lockerClient()
+	holder, hl := e.newClientWithLocker()
 	lease := e.mustTryLock(hl, e.name())
 	if err := e.h.Kill(e.ctx, holder); err != nil {
 		t.Fatalf("Kill: %v", err)
@@ -632,7 +675,7 @@ func testLossOnRevoke(t testing.TB, nh NewHarness) {
 		t.Skip("the harness cannot revoke leases (not a Revoker)")
 	}
 	name := e.name()
-	lease := e.mustTryLock(e.locker(), name)
+	lease := e.mustTryLock(e.newClientLocker(), name)
 	ctx, cancel := e.opCtx()
 	defer cancel()
 	if err := r.Revoke(ctx, name); err != nil {
@@ -697,16 +740,19 @@ func testPreemption(t testing.TB, nh NewHarness) {
 func testNoLeaks(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	a := e.locker()
+	a := e.newClientLocker()
 	for range 3 {
 		e.mustRelease(e.mustTryLock(a, e.name()))
 	}
 	_ = e.mustTryLock(a, e.name()) // left held: closing the client must end it
-	victim := e.client()
-	if l := victim.Locker(); l != nil {
-		_ = e.mustTryLock(l, e.name())
-		if err := e.h.Kill(e.ctx, victim); err != nil {
-			t.Fatalf("Kill: %v", err)
-		}
+	victim := e.newClient()
+	l := victim.Locker()
+	if l == nil {
+		e.skippedPart("a killed client's lease", "a second client has no Locker")
+		return
+	}
+	_ = e.mustTryLock(l, e.name())
+	if err := e.h.Kill(e.ctx, victim); err != nil {
+		t.Fatalf("Kill: %v", err)
 	}
 }
