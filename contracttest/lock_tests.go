@@ -18,9 +18,10 @@ const (
 	sectionFor = 2 * time.Millisecond
 )
 
-// race runs k clients for rounds critical sections each on one name and
-// records every section in h; each section writes to res when it is not nil.
-func race(e *env, name string, h *History, res *FencedResource, acquire func(i int) func(ctx context.Context, name string) (locks.Lease, error)) {
+// race runs k clients for rounds critical sections each on one name, each
+// section lasting hold, and records every section in h; each section
+// writes to res when it is not nil.
+func race(e *env, name string, hold time.Duration, h *History, res *FencedResource, acquire func(i int) func(ctx context.Context, name string) (locks.Lease, error)) {
 	e.t.Helper()
 	var wg sync.WaitGroup
 	errs := make(chan error, contenders*rounds)
@@ -29,7 +30,7 @@ func race(e *env, name string, h *History, res *FencedResource, acquire func(i i
 		wg.Go(func() {
 			for r := range rounds {
 				who := fmt.Sprintf("client%d/round%d", i, r)
-				if err := section(e, get, name, who, h, res); err != nil {
+				if err := section(e, get, name, who, hold, h, res); err != nil {
 					errs <- fmt.Errorf("%s: %w", who, err)
 					return
 				}
@@ -43,7 +44,7 @@ func race(e *env, name string, h *History, res *FencedResource, acquire func(i i
 	}
 }
 
-func section(e *env, get func(context.Context, string) (locks.Lease, error), name, who string, h *History, res *FencedResource) error {
+func section(e *env, get func(context.Context, string) (locks.Lease, error), name, who string, hold time.Duration, h *History, res *FencedResource) error {
 	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
 	defer cancel()
 	lease, err := get(ctx, name)
@@ -58,7 +59,7 @@ func section(e *env, get func(context.Context, string) (locks.Lease, error), nam
 			return err
 		}
 	}
-	time.Sleep(sectionFor)
+	time.Sleep(hold)
 	if err := context.Cause(lease.Context()); err != nil {
 		exit()
 		return fmt.Errorf("lease ended inside its critical section: %w", err)
@@ -77,7 +78,7 @@ func testMutualExclusion(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	h := NewHistory(1)
-	race(e, e.name(), h, nil, lockers(e))
+	race(e, e.name(), sectionFor, h, nil, lockers(e))
 	if err := h.Check(); err != nil {
 		t.Fatalf("mutual exclusion broken: %v", err)
 	}
@@ -110,7 +111,7 @@ func testFencing(t testing.TB, nh NewHarness) {
 		t.Fatalf("tokens of successive holders: %d then %d, want 0 < first < second", first.Token(), second.Token())
 	}
 	res := &FencedResource{}
-	race(e, name, NewHistory(1), res, lockers(e))
+	race(e, name, sectionFor, NewHistory(1), res, lockers(e))
 	if got, want := res.Accepted(), contenders*rounds; got != want && !t.Failed() {
 		t.Fatalf("fenced resource accepted %d writes, want %d", got, want)
 	}

@@ -72,13 +72,19 @@ func testSemaphoreLimit(t testing.TB, nh NewHarness) {
 	e.mustRelease(held[2])
 }
 
-// testSemaphoreExclusion: many clients take turns; never more than N hold
-// at once, and N do hold at once at some point.
+// semSectionFor is how long each critical section of SemaphoreExclusion
+// lasts: long next to a broker's round trips, so that contenders are
+// mostly inside their sections, where a semaphore that admits too many
+// lets them overlap.
+const semSectionFor = 20 * time.Millisecond
+
+// testSemaphoreExclusion: more clients than slots take turns; never more
+// than N hold at once, and more than one do hold at once at some point.
 func testSemaphoreExclusion(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
 	h := NewHistory(semSize)
-	race(e, e.name(), h, nil, func(int) func(context.Context, string) (locks.Lease, error) {
+	race(e, e.name(), semSectionFor, h, nil, func(int) func(context.Context, string) (locks.Lease, error) {
 		return e.newClientSemaphore(semSize).Acquire
 	})
 	if err := h.Check(); err != nil {
