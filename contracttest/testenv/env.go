@@ -20,7 +20,8 @@ import (
 //	servers, err := env.StartRedis(ctx, 3, testenv.RedisConfig{})
 //
 // The zero Env is ready to use. Its methods are safe to call from several
-// goroutines; none may be called after Close but Close itself.
+// goroutines. Once Close has begun, a helper stops at once what it
+// starts and returns an error matching [ErrClosed].
 type Env struct {
 	// Logf, if set, receives what servers started in the Env log; a nil
 	// Logf discards it. Set it before the first helper call.
