@@ -237,6 +237,31 @@ func (rep *Report) sorted() []Result {
 // WriteTable writes the results as one aligned text table, followed by the
 // many scenario's figures, the broker round trips and what was skipped.
 func (rep *Report) WriteTable(w io.Writer) error {
+	if err := rep.writeResults(w); err != nil {
+		return err
+	}
+	var many, contended []Result
+	for _, r := range rep.sorted() {
+		switch r.Scenario {
+		case Many:
+			many = append(many, r)
+		case Contended:
+			contended = append(contended, r)
+		}
+	}
+	if err := rep.writeContended(w, contended); err != nil {
+		return err
+	}
+	if err := rep.writeMany(w, many); err != nil {
+		return err
+	}
+	rep.writeRTT(w)
+	rep.writeSkipped(w)
+	return nil
+}
+
+// writeResults writes the main table: one row per system and scenario.
+func (rep *Report) writeResults(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
 	spread := slices.ContainsFunc(rep.Metrics, func(m Metric) bool { return m.Name == "round_spread" })
 	head := "system\tscenario\tsamples\tp50\tp90\tp99\tops/s\tvs floor\tvs best peer\t"
@@ -274,86 +299,85 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	if spread {
 		fmt.Fprintln(w, "each figure is the median round's; spread of rounds: (highest − lowest) ÷ median of the figure ratios are taken on.")
 	}
-
-	var many, contended []Result
-	for _, r := range rep.sorted() {
-		switch r.Scenario {
-		case Many:
-			many = append(many, r)
-		case Contended:
-			contended = append(contended, r)
-		}
-	}
-	if len(contended) > 0 {
-		fmt.Fprintln(w)
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
-		fmt.Fprintln(tw, "contended: system	hand-offs/s	to another client/s	busiest client's share	")
-		for _, r := range contended {
-			sw, _ := rep.Metric(r.System, Contended, "switches_per_s")
-			share, _ := rep.Metric(r.System, Contended, "top_client_share")
-			fmt.Fprintf(tw, "%s	%s	%s	%.0f%%	\n", r.System, FormatRate(r.Ops), FormatRate(sw), 100*share)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-	if len(many) > 0 {
-		fmt.Fprintln(w)
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
-		fmt.Fprintln(tw, "many: system\tleases\trenewal round trips/s\tper master per tick\theap per lease\trenew errors\tleases renewed per tick\t")
-		for _, r := range many {
-			perTick, _ := rep.Metric(r.System, Many, "round_trips_per_master_per_tick")
-			bytes, _ := rep.Metric(r.System, Many, "bytes_per_lease")
-			errs, _ := rep.Metric(r.System, Many, "renew_errors")
-			kept := "by itself"
-			if v, ok := rep.Metric(r.System, Many, "renewed_per_lease_per_tick"); ok {
-				kept = fmt.Sprintf("%.0f%% (by the user)", 100*v)
-			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%.0f\t%s\t\n", r.System, r.Samples, FormatRate(r.Ops), fmtRatio(perTick), formatBytes(bytes), errs, kept)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-
-	if len(rep.RTT) > 0 {
-		fmt.Fprintln(w)
-		var bs []string
-		for b := range rep.RTT {
-			bs = append(bs, b)
-		}
-		sort.Strings(bs)
-		for _, b := range bs {
-			fmt.Fprintf(w, "broker round trip p50: %-12s %s", b, FormatDuration(time.Duration(rep.RTT[b])))
-			if idle := rep.IdleRTT[b]; idle > 0 {
-				fmt.Fprintf(w, " back to back, %s after %s idle", FormatDuration(time.Duration(idle)), IdleGap)
-			}
-			fmt.Fprintln(w)
-		}
-		var lines []string
-		for _, r := range rep.sorted() {
-			if r.Scenario != Handoff {
-				continue
-			}
-			e, ok := Lookup(r.System)
-			if !ok || e.Needs == 0 {
-				continue
-			}
-			if rtt := rep.RTT[e.Needs.String()]; rtt > 0 {
-				line := fmt.Sprintf("%s %.1f", r.System, float64(r.P50)/float64(rtt))
-				if idle := rep.IdleRTT[e.Needs.String()]; idle > 0 {
-					line += fmt.Sprintf(" (%.1f idle)", float64(r.P50)/float64(idle))
-				}
-				lines = append(lines, line)
-			}
-		}
-		if len(lines) > 0 {
-			fmt.Fprintf(w, "handoff p50 in broker round trips: %s\n", strings.Join(lines, ", "))
-		}
-	}
-
-	rep.writeSkipped(w)
 	return nil
+}
+
+// writeContended writes the contended scenario's fairness figures.
+func (rep *Report) writeContended(w io.Writer, contended []Result) error {
+	if len(contended) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	fmt.Fprintln(tw, "contended: system	hand-offs/s	to another client/s	busiest client's share	")
+	for _, r := range contended {
+		sw, _ := rep.Metric(r.System, Contended, "switches_per_s")
+		share, _ := rep.Metric(r.System, Contended, "top_client_share")
+		fmt.Fprintf(tw, "%s	%s	%s	%.0f%%	\n", r.System, FormatRate(r.Ops), FormatRate(sw), 100*share)
+	}
+	return tw.Flush()
+}
+
+// writeMany writes the many scenario's renewal figures.
+func (rep *Report) writeMany(w io.Writer, many []Result) error {
+	if len(many) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	fmt.Fprintln(tw, "many: system\tleases\trenewal round trips/s\tper master per tick\theap per lease\trenew errors\tleases renewed per tick\t")
+	for _, r := range many {
+		perTick, _ := rep.Metric(r.System, Many, "round_trips_per_master_per_tick")
+		bytes, _ := rep.Metric(r.System, Many, "bytes_per_lease")
+		errs, _ := rep.Metric(r.System, Many, "renew_errors")
+		kept := "by itself"
+		if v, ok := rep.Metric(r.System, Many, "renewed_per_lease_per_tick"); ok {
+			kept = fmt.Sprintf("%.0f%% (by the user)", 100*v)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%.0f\t%s\t\n", r.System, r.Samples, FormatRate(r.Ops), fmtRatio(perTick), formatBytes(bytes), errs, kept)
+	}
+	return tw.Flush()
+}
+
+// writeRTT writes the brokers' round trips and the handoffs in round
+// trips.
+func (rep *Report) writeRTT(w io.Writer) {
+	if len(rep.RTT) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	var bs []string
+	for b := range rep.RTT {
+		bs = append(bs, b)
+	}
+	sort.Strings(bs)
+	for _, b := range bs {
+		fmt.Fprintf(w, "broker round trip p50: %-12s %s", b, FormatDuration(time.Duration(rep.RTT[b])))
+		if idle := rep.IdleRTT[b]; idle > 0 {
+			fmt.Fprintf(w, " back to back, %s after %s idle", FormatDuration(time.Duration(idle)), IdleGap)
+		}
+		fmt.Fprintln(w)
+	}
+	var lines []string
+	for _, r := range rep.sorted() {
+		if r.Scenario != Handoff {
+			continue
+		}
+		e, ok := Lookup(r.System)
+		if !ok || e.Needs == 0 {
+			continue
+		}
+		if rtt := rep.RTT[e.Needs.String()]; rtt > 0 {
+			line := fmt.Sprintf("%s %.1f", r.System, float64(r.P50)/float64(rtt))
+			if idle := rep.IdleRTT[e.Needs.String()]; idle > 0 {
+				line += fmt.Sprintf(" (%.1f idle)", float64(r.P50)/float64(idle))
+			}
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) > 0 {
+		fmt.Fprintf(w, "handoff p50 in broker round trips: %s\n", strings.Join(lines, ", "))
+	}
 }
 
 // IdleGap is how long a connection is left idle before each round trip

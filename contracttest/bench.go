@@ -22,7 +22,7 @@ func RunBenchmarks(b *testing.B, newHarness NewHarness) {
 func benchUncontended(b *testing.B, nh NewHarness) {
 	e := newEnv(b, nh)
 	defer e.close()
-	l := e.locker()
+	l := e.newClientLocker()
 	name := e.name()
 	ctx := e.ctx
 	for b.Loop() {
@@ -42,7 +42,7 @@ func benchContended(b *testing.B, nh NewHarness, workers int, hold time.Duration
 	name := e.name()
 	ls := make([]locks.Locker, workers)
 	for i := range ls {
-		ls[i] = e.locker()
+		ls[i] = e.newClientLocker()
 	}
 	var left atomic.Int64
 	left.Store(int64(b.N))

@@ -5,8 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +22,8 @@ type Defect string
 
 const (
 	// LateLossSignal makes a lease's context end [lateBy] after the
-	// backend ended it: a holder goes on writing after it lost the name. PausedHolder and PartitionedHolder must catch it.
+	// backend ended it: a holder goes on writing after it lost the name.
+	// PausedHolder and PartitionedHolder must catch it.
 	LateLossSignal Defect = "late-loss-signal"
 
 	// OverrunsContext makes Lock and TryLock ignore their context's
@@ -31,9 +31,55 @@ const (
 	// they stop, but still return late when already past the deadline).
 	// AmbiguousAcquire must catch it.
 	OverrunsContext Defect = "overruns-context"
+
+	// LeaksLateGrant makes a Lock with a deadline wait for the name up to
+	// [overrun] past it and, when it gets the name after its deadline,
+	// return the context's error but keep the name, held and renewed,
+	// never returned to its caller: a grant that comes back after the
+	// caller gave up, dropped instead of released. CancellationRace must
+	// catch it.
+	LeaksLateGrant Defect = "leaks-late-grant"
+
+	// UnwrappedNameError makes Lock and TryLock refuse every name with a
+	// byte outside printable ASCII with an error that does not match
+	// [locks.ErrInvalidName], as a backend that passes its broker's
+	// refusal of a key through unwrapped would. RandomNames must catch it.
+	UnwrappedNameError Defect = "unwrapped-name-error"
+
+	// SlotsPerClient makes each client's semaphores count their slots
+	// apart from every other client's, as a backend that counted slots in
+	// the client instead of at the broker would: each client gets up to
+	// size slots of a name, so that clients together hold more than size
+	// at once. SemaphoreExclusion must catch it.
+	SlotsPerClient Defect = "slots-per-client"
 )
 
-// overrun is how far an [OverrunsContext] call outlives its context.
+// Defects returns every [Defect], in a fixed order.
+func Defects() []Defect {
+	return []Defect{LateLossSignal, OverrunsContext, LeaksLateGrant, UnwrappedNameError, SlotsPerClient}
+}
+
+// CaughtBy returns the conformance tests (as named by
+// [RunConformanceTests]) that must fail on a backend with d put in, or
+// nil for an unknown defect.
+func (d Defect) CaughtBy() []string {
+	switch d {
+	case LateLossSignal:
+		return []string{"PausedHolder", "PartitionedHolder"}
+	case OverrunsContext:
+		return []string{"AmbiguousAcquire"}
+	case LeaksLateGrant:
+		return []string{"CancellationRace"}
+	case UnwrappedNameError:
+		return []string{"RandomNames"}
+	case SlotsPerClient:
+		return []string{"SemaphoreExclusion"}
+	}
+	return nil
+}
+
+// overrun is how far an [OverrunsContext] call outlives its context, and
+// how long a [LeaksLateGrant] Lock waits past its deadline.
 const overrun = 3 * time.Second
 
 // lateBy is how late a [LateLossSignal] lease learns it ended.
@@ -42,7 +88,8 @@ const lateBy = 5 * time.Second
 // defectEnv names the variable that passes a [Defect] to a holder process.
 const defectEnv = "LOCKS_CONTRACTTEST_DEFECT"
 
-// apply returns l with the defect put in. An empty Defect changes nothing.
+// apply returns l with the defect put in. An empty Defect, or one that
+// is not a Locker's, changes nothing.
 func (d Defect) apply(l locks.Locker) locks.Locker {
 	switch d {
 	case LateLossSignal:
@@ -54,43 +101,103 @@ func (d Defect) apply(l locks.Locker) locks.Locker {
 			return &leaseOverride{Lease: lease, ctx: late}
 		})
 	case OverrunsContext:
-		stretch := func(get func(context.Context, string) (locks.Lease, error)) func(context.Context, string) (locks.Lease, error) {
-			return func(ctx context.Context, name string) (locks.Lease, error) {
-				d, ok := ctx.Deadline()
-				if !ok {
-					return get(ctx, name)
-				}
-				ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), d.Add(overrun))
-				defer cancel()
-				for {
-					lease, err := get(ctx, name)
-					if err == nil || ctx.Err() != nil {
-						return lease, err
-					}
-					if errors.Is(err, locks.ErrClosed) {
-						// No retry can succeed; a call already past its
-						// deadline still returns late.
-						if time.Now().After(d) {
-							<-ctx.Done()
-						}
-						return lease, err
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-			}
-		}
-		return lockerFunc{lock: stretch(l.Lock), tryLock: stretch(l.TryLock)}
+		return lockerFunc{lock: overrunContext(l.Lock), tryLock: overrunContext(l.TryLock)}
+	case LeaksLateGrant:
+		return lockerFunc{lock: leakLateGrant(l.Lock), tryLock: l.TryLock}
+	case UnwrappedNameError:
+		return lockerFunc{lock: refuseNonASCII(l.Lock), tryLock: refuseNonASCII(l.TryLock)}
 	}
 	return l
 }
 
-// Defective returns nh with d put into every client's Locker, also in
-// holder processes (the harness's [ProcessHarness.ChildEnv] carries d to
-// [Main]). The harness keeps its [FaultHarness], [ProcessHarness] and
-// [LeakFilter] abilities; it loses the others.
+// applySemaphore returns s, a semaphore of the client numbered client,
+// with the defect put in. A defect that is not a Semaphore's changes
+// nothing.
+func (d Defect) applySemaphore(s locks.Semaphore, client uint64) locks.Semaphore {
+	if d != SlotsPerClient {
+		return s
+	}
+	own := func(get func(context.Context, string) (locks.Lease, error)) func(context.Context, string) (locks.Lease, error) {
+		return func(ctx context.Context, name string) (locks.Lease, error) {
+			lease, err := get(ctx, fmt.Sprintf("%s-c%d", name, client))
+			if err != nil {
+				return nil, err
+			}
+			return &leaseOverride{Lease: lease, name: name}, nil
+		}
+	}
+	return semaphoreFunc{acquire: own(s.Acquire), tryAcquire: own(s.TryAcquire)}
+}
+
+// overrunContext returns get, retrying its failures until [overrun] past
+// its context's deadline; see [OverrunsContext].
+func overrunContext(get func(context.Context, string) (locks.Lease, error)) func(context.Context, string) (locks.Lease, error) {
+	return func(ctx context.Context, name string) (locks.Lease, error) {
+		d, ok := ctx.Deadline()
+		if !ok {
+			return get(ctx, name)
+		}
+		ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), d.Add(overrun))
+		defer cancel()
+		for {
+			lease, err := get(ctx, name)
+			if err == nil || ctx.Err() != nil {
+				return lease, err
+			}
+			if errors.Is(err, locks.ErrClosed) {
+				// No retry can succeed; a call already past its
+				// deadline still returns late.
+				if time.Now().After(d) {
+					<-ctx.Done()
+				}
+				return lease, err
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// leakLateGrant returns lock, waiting up to [overrun] past its context's
+// deadline and dropping a lease it gets after it; see [LeaksLateGrant].
+func leakLateGrant(lock func(context.Context, string) (locks.Lease, error)) func(context.Context, string) (locks.Lease, error) {
+	return func(ctx context.Context, name string) (locks.Lease, error) {
+		d, ok := ctx.Deadline()
+		if !ok {
+			return lock(ctx, name)
+		}
+		late, cancel := context.WithDeadline(context.WithoutCancel(ctx), d.Add(overrun))
+		defer cancel()
+		lease, err := lock(late, name)
+		if cerr := ctx.Err(); cerr != nil {
+			// Held, renewed, and never returned: the caller only hears
+			// that its context ended.
+			return nil, cerr
+		}
+		return lease, err
+	}
+}
+
+// refuseNonASCII returns get, refusing names with a byte outside
+// printable ASCII with a plain error; see [UnwrappedNameError].
+func refuseNonASCII(get func(context.Context, string) (locks.Lease, error)) func(context.Context, string) (locks.Lease, error) {
+	return func(ctx context.Context, name string) (locks.Lease, error) {
+		for i := range len(name) {
+			if name[i] < 0x21 || name[i] > 0x7e {
+				return nil, fmt.Errorf("broker: invalid key %q", name)
+			}
+		}
+		return get(ctx, name)
+	}
+}
+
+// Defective returns nh with d put into every client's Locker (or
+// Semaphores, for [SlotsPerClient]), also in holder processes (the
+// harness's [ProcessHarness.ChildEnv] carries d to [Main]). The harness
+// keeps its [FaultHarness], [ProcessHarness] and [LeakFilter] abilities;
+// it loses the others.
 func Defective(nh NewHarness, d Defect) NewHarness {
 	return func(ctx context.Context, t testing.TB) (Harness, error) {
-		if d != LateLossSignal && d != OverrunsContext {
+		if d.CaughtBy() == nil {
 			return nil, fmt.Errorf("contracttest: unknown defect %q", d)
 		}
 		h, err := nh(ctx, t)
@@ -107,7 +214,8 @@ func Defective(nh NewHarness, d Defect) NewHarness {
 
 type defectiveHarness struct {
 	Harness
-	defect Defect
+	defect  Defect
+	clients atomic.Uint64 // numbers the clients
 }
 
 func (h *defectiveHarness) NewClient(ctx context.Context) (Client, error) {
@@ -115,7 +223,12 @@ func (h *defectiveHarness) NewClient(ctx context.Context) (Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &defectiveClient{Client: c, defect: h.defect}, nil
+	return h.wrap(c), nil
+}
+
+// wrap puts the defect into c.
+func (h *defectiveHarness) wrap(c Client) *defectiveClient {
+	return &defectiveClient{Client: c, defect: h.defect, id: h.clients.Add(1)}
 }
 
 // NewFaultyClient is the inner harness's, or [errors.ErrUnsupported],
@@ -129,7 +242,7 @@ func (h *defectiveHarness) NewFaultyClient(ctx context.Context) (Client, Link, e
 	if err != nil {
 		return nil, nil, err
 	}
-	return &defectiveClient{Client: c, defect: h.defect}, link, nil
+	return h.wrap(c), link, nil
 }
 
 // Kill kills the inner client.
@@ -159,6 +272,7 @@ func (h *defectiveProcessHarness) ChildEnv() []string {
 type defectiveClient struct {
 	Client
 	defect Defect
+	id     uint64
 }
 
 func (c *defectiveClient) Locker() locks.Locker {
@@ -168,94 +282,16 @@ func (c *defectiveClient) Locker() locks.Locker {
 	return nil
 }
 
-// MustCatch runs each named conformance test (as listed by
-// [RunConformanceTests], such as "PausedHolder") against nh, which should
-// be a [Defective] harness, and fails t unless every one of them fails.
-// A test that skips counts as not catching.
-func MustCatch(t *testing.T, nh NewHarness, tests ...string) {
-	t.Helper()
-	for _, name := range tests {
-		t.Run(name, func(t *testing.T) {
-			run := findTest(name)
-			if run == nil {
-				t.Fatalf("no conformance test %q", name)
-			}
-			r := runRecorded(t, run, nh)
-			switch {
-			case r.skipped != "":
-				t.Errorf("%s skipped instead of failing: %s", name, r.skipped)
-			case !r.Failed():
-				t.Errorf("%s passed: it did not catch the defect", name)
-			default:
-				t.Logf("%s caught it: %.300s", name, r.failures[0])
-			}
-		})
+func (c *defectiveClient) Semaphore(ctx context.Context, size int) (locks.Semaphore, error) {
+	s, err := c.Client.Semaphore(ctx, size)
+	if err != nil {
+		return nil, err
 	}
+	return c.defect.applySemaphore(s, c.id), nil
 }
 
-// findTest returns the conformance test called name, or nil.
-func findTest(name string) func(testing.TB, NewHarness) {
-	for _, tc := range conformanceTests {
-		if tc.name == name {
-			return tc.run
-		}
-	}
-	return nil
-}
-
-// recorder is a testing.TB that records failures instead of failing the
-// real test, so the suite can be run against a broken backend and be seen
-// to catch it. Fatal and Skip end the calling goroutine, as testing does.
-type recorder struct {
-	testing.TB // the real test: Name, Helper, Cleanup, TempDir...
-	mu         sync.Mutex
-	failures   []string
-	skipped    string
-}
-
-func (r *recorder) Errorf(format string, args ...any) { r.record(fmt.Sprintf(format, args...)) }
-func (r *recorder) Error(args ...any)                 { r.record(fmt.Sprint(args...)) }
-func (r *recorder) Fatalf(format string, args ...any) { r.Errorf(format, args...); runtime.Goexit() }
-func (r *recorder) Fatal(args ...any)                 { r.Error(args...); runtime.Goexit() }
-func (r *recorder) Fail()                             { r.record("Fail") }
-func (r *recorder) FailNow()                          { r.record("FailNow"); runtime.Goexit() }
-func (r *recorder) Skipf(format string, args ...any)  { r.skip(fmt.Sprintf(format, args...)) }
-func (r *recorder) Skip(args ...any)                  { r.skip(fmt.Sprint(args...)) }
-func (r *recorder) SkipNow()                          { r.skip("SkipNow") }
-func (r *recorder) Logf(format string, args ...any)   {}
-func (r *recorder) Log(args ...any)                   {}
-func (r *recorder) Failed() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.failures) > 0
-}
-
-func (r *recorder) record(msg string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.failures = append(r.failures, msg)
-}
-
-func (r *recorder) skip(msg string) {
-	r.mu.Lock()
-	r.skipped = msg
-	r.mu.Unlock()
-	runtime.Goexit()
-}
-
-// runRecorded runs one suite test against nh on a recorder and returns it.
-func runRecorded(t testing.TB, test func(testing.TB, NewHarness), nh NewHarness) *recorder {
-	r := &recorder{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		test(r, nh)
-	}()
-	<-done
-	return r
-}
-
-// lockerFunc and leaseOverride build broken lockers from working ones.
+// lockerFunc, semaphoreFunc and leaseOverride build broken lockers and
+// semaphores from working ones.
 type lockerFunc struct {
 	lock, tryLock func(context.Context, string) (locks.Lease, error)
 }
@@ -265,8 +301,22 @@ func (l lockerFunc) TryLock(ctx context.Context, n string) (locks.Lease, error) 
 	return l.tryLock(ctx, n)
 }
 
+// semaphoreFunc builds a broken semaphore from a working one's calls.
+type semaphoreFunc struct {
+	acquire, tryAcquire func(context.Context, string) (locks.Lease, error)
+}
+
+func (s semaphoreFunc) Acquire(ctx context.Context, n string) (locks.Lease, error) {
+	return s.acquire(ctx, n)
+}
+
+func (s semaphoreFunc) TryAcquire(ctx context.Context, n string) (locks.Lease, error) {
+	return s.tryAcquire(ctx, n)
+}
+
 type leaseOverride struct {
 	locks.Lease
+	name    string
 	ctx     context.Context
 	token   func() uint64
 	release func(context.Context) error
@@ -277,6 +327,13 @@ func (l *leaseOverride) Context() context.Context {
 		return l.ctx
 	}
 	return l.Lease.Context()
+}
+
+func (l *leaseOverride) Name() string {
+	if l.name != "" {
+		return l.name
+	}
+	return l.Lease.Name()
 }
 
 func (l *leaseOverride) Token() uint64 {

@@ -14,7 +14,11 @@
 // The suite should not produce false positives (a correct backend fails
 // nothing), may produce false negatives (a race may go unseen in one run),
 // and is meant to run under -race. Its own tests run it against memlock and
-// against deliberately broken lockers, to show each check can fail.
+// against deliberately broken lockers, to show each check can fail; a
+// backend shows the same on its real broker with the [Defect]s the suite
+// can plant in it ([Defective], [MustCatch], [RunDefectTests]). A check
+// that skips part of itself, for a capability the backend lacks, says
+// which part in the test's log.
 //
 // The package testenv finds or starts the real brokers the harnesses use.
 package contracttest

@@ -27,7 +27,7 @@ type Link interface {
 }
 
 // faultyClient makes a client behind a Link, or skips the test.
-func (e *env) faultyClient() (locks.Locker, Link) {
+func (e *env) newFaultyClientLocker() (locks.Locker, Link) {
 	e.t.Helper()
 	fh, ok := e.h.(FaultHarness)
 	if !ok {
@@ -60,13 +60,13 @@ func (e *env) partitionRecovery() time.Duration {
 func testPartitionedHolder(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	a, link := e.faultyClient()
+	a, link := e.newFaultyClientLocker()
 	name := e.name()
 	held := e.mustTryLock(a, name)
 	link.BlackHole()
 	cut := time.Now()
 
-	b := e.locker()
+	b := e.newClientLocker()
 	ctx, cancel := context.WithTimeout(e.ctx, e.partitionRecovery())
 	lease, err := b.Lock(ctx, name)
 	cancel()
@@ -86,7 +86,7 @@ func testPartitionedHolder(t testing.TB, nh NewHarness) {
 	rctx, rcancel := e.opCtx()
 	_ = held.Release(rctx) // stale: may fail, must not free the successor's lock
 	rcancel()
-	e.expectHeld(e.locker(), name, "after the healed holder's stale Release")
+	e.expectHeld(e.newClientLocker(), name, "after the healed holder's stale Release")
 	e.mustRelease(lease)
 }
 
@@ -99,7 +99,7 @@ func testPartitionedHolder(t testing.TB, nh NewHarness) {
 func testAmbiguousAcquire(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	a, link := e.faultyClient()
+	a, link := e.newFaultyClientLocker()
 	name := e.name()
 	link.DropReplies()
 	const wait = 500 * time.Millisecond
@@ -116,7 +116,7 @@ func testAmbiguousAcquire(t testing.TB, nh NewHarness) {
 		t.Errorf("Lock(%q) with a %v context returned after %v (stated CancelGrace %v): the context must bound the wait", name, wait, took.Round(time.Millisecond), e.caps.CancelGrace)
 	}
 
-	b := e.locker()
+	b := e.newClientLocker()
 	ctx, cancel := context.WithTimeout(e.ctx, e.partitionRecovery())
 	got, err := b.Lock(ctx, name)
 	cancel()
@@ -135,7 +135,7 @@ func testAmbiguousAcquire(t testing.TB, nh NewHarness) {
 		// A backend whose client is one connection may give up on it
 		// (saying so with ErrClosed); others still lock.
 		t.Logf("the client of the ambiguous acquire closed itself: %v", err)
-		e.mustRelease(e.mustLock(e.locker(), name))
+		e.mustRelease(e.mustLock(e.newClientLocker(), name))
 	case err != nil:
 		t.Fatalf("after the link healed, the client of the ambiguous acquire cannot Lock(%q): %v", name, err)
 	default:

@@ -16,10 +16,12 @@ import (
 func testInvalidNames(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	l := e.locker()
+	l := e.newClientLocker()
 	var s locks.Semaphore
 	if e.caps.Semaphore {
-		s = e.semaphore(2)
+		s = e.newClientSemaphore(2)
+	} else {
+		e.skippedPart("Acquire and TryAcquire of invalid names", "the backend has no Semaphore")
 	}
 	for _, name := range append([]string{""}, e.caps.InvalidNames...) {
 		calls := map[string]func(context.Context, string) (locks.Lease, error){"Lock": l.Lock, "TryLock": l.TryLock}
@@ -47,7 +49,7 @@ func testInvalidNames(t testing.TB, nh NewHarness) {
 func testRandomNames(t testing.TB, nh NewHarness) {
 	e := newEnv(t, nh)
 	defer e.close()
-	l := e.locker()
+	l := e.newClientLocker()
 	rng := rand.New(rand.NewPCG(1, 2))
 	alphabet := []rune("aZ09-_./:*>{} \x00\t\n\u00e9\u4e16\U0001F512\ufffd")
 	prefix := e.name()

@@ -259,6 +259,9 @@ func testPausedHolder(t testing.TB, nh NewHarness) {
 		t.Skip("no PauseRecovery or CrashRecovery bound stated")
 	}
 	name := e.name()
+	if !e.caps.Fencing {
+		e.skippedPart("the fenced resource's refusal of the resumed holder's write", "the backend has no fencing tokens")
+	}
 	var fence FencedResource
 	p, token, _ := StartHolder(t, ph.ChildEnv(), name)
 	defer p.Stop()
@@ -291,7 +294,7 @@ func testPausedHolder(t testing.TB, nh NewHarness) {
 		}
 	}
 
-	b := e.locker()
+	b := e.newClientLocker()
 	ctx, cancel := context.WithTimeout(e.ctx, bound(recovery))
 	lease, err := b.Lock(ctx, name)
 	cancel()

@@ -285,19 +285,6 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 	}
 }
 
-// semaphoreFunc builds a broken semaphore from a working one's calls.
-type semaphoreFunc struct {
-	acquire, tryAcquire func(context.Context, string) (locks.Lease, error)
-}
-
-func (s semaphoreFunc) Acquire(ctx context.Context, n string) (locks.Lease, error) {
-	return s.acquire(ctx, n)
-}
-
-func (s semaphoreFunc) TryAcquire(ctx context.Context, n string) (locks.Lease, error) {
-	return s.tryAcquire(ctx, n)
-}
-
 // mapSemaphores makes every semaphore c gives out the one f makes of
 // memlock's.
 func mapSemaphores(c *memClient, f func(locks.Semaphore) locks.Semaphore) {
@@ -342,5 +329,41 @@ func hideClosed(get func(context.Context, string) (locks.Lease, error)) func(con
 			err = errors.New(err.Error())
 		}
 		return lease, err
+	}
+}
+
+// TestDefectsCaughtOnMemlock shows each check that a planted Defect
+// memlock can carry (no holder process, no fault proxy) failing on
+// memlock with that defect put in.
+func TestDefectsCaughtOnMemlock(t *testing.T) {
+	for _, d := range []Defect{LeaksLateGrant, UnwrappedNameError, SlotsPerClient} {
+		t.Run(string(d), func(t *testing.T) {
+			MustCatch(t, Defective(newMemHarness, d), d.CaughtBy()...)
+		})
+	}
+}
+
+// TestRunDefectTestsMemlock runs RunDefectTests on memlock: the checks it
+// can run must catch their defects, the others (which need a holder
+// process or a fault proxy) skip.
+func TestRunDefectTestsMemlock(t *testing.T) {
+	RunDefectTests(t, newMemHarness)
+}
+
+// TestDefectsListed checks that every Defect names the checks that must
+// catch it, and that Defective refuses an unknown one.
+func TestDefectsListed(t *testing.T) {
+	for _, d := range Defects() {
+		if len(d.CaughtBy()) == 0 {
+			t.Errorf("%s: CaughtBy is empty", d)
+		}
+		for _, name := range d.CaughtBy() {
+			if findTest(name) == nil {
+				t.Errorf("%s: CaughtBy names %q, which is no conformance test", d, name)
+			}
+		}
+	}
+	if _, err := Defective(newMemHarness, "no-such-defect")(t.Context(), t); err == nil {
+		t.Errorf("Defective with an unknown defect made a harness; want an error")
 	}
 }

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -40,38 +41,45 @@ var amqpHeader = []byte("AMQP\x00\x00\x09\x01")
 // called from the goroutine running the test.
 func AMQPURL(t testing.TB) string {
 	t.Helper()
+	u, err := ForTest(t).AMQPURL(t.Context())
+	Require(t, err)
+	return u
+}
+
+// AMQPURL is [AMQPURL] returning an error: a [*MissingError] when there is
+// no broker and no Docker engine. A container it starts is removed at
+// [Env.Close]. ctx bounds the search and the container's start.
+func (e *Env) AMQPURL(ctx context.Context) (string, error) {
 	if u := strings.TrimSpace(os.Getenv("LOCKS_AMQP_URL")); u != "" {
 		addr, err := amqpAddr(u)
 		if err == nil {
 			err = dialCheck(addr)
 		}
 		if err != nil {
-			t.Fatalf("testenv: LOCKS_AMQP_URL=%q: %v", redactURL(u), err)
+			return "", fmt.Errorf("testenv: LOCKS_AMQP_URL=%q: %w", RedactURL(u), err)
 		}
-		return u
+		return u, nil
 	}
 	if probeAMQP(localAMQPAddr, 2*time.Second) == nil {
-		return localAMQPURL
+		return localAMQPURL, nil
 	}
 	pool, derr := dockerPool()
 	if derr != nil {
-		Missing(t, "RabbitMQ",
-			"set LOCKS_AMQP_URL=amqp://user:pass@host:5672/, run RabbitMQ on "+localAMQPAddr+
-				" (docker compose up rabbitmq), or start a Docker engine ("+derr.Error()+")")
-		return ""
+		return "", &MissingError{What: "RabbitMQ",
+			How: "set LOCKS_AMQP_URL=amqp://user:pass@host:5672/, run RabbitMQ on " + localAMQPAddr +
+				" (docker compose up rabbitmq), or start a Docker engine (" + derr.Error() + ")"}
 	}
-	u, err := startRabbit(t, pool)
+	u, err := e.startRabbit(ctx, pool)
 	if err != nil {
-		t.Fatalf("testenv: %v", err)
+		return "", fmt.Errorf("testenv: %w", err)
 	}
-	return u
+	return u, nil
 }
 
-func startRabbit(t testing.TB, pool *dockertest.Pool) (string, error) {
-	t.Helper()
+func (e *Env) startRabbit(ctx context.Context, pool *dockertest.Pool) (string, error) {
 	// The guest account only logs in from the container's own loopback, and
 	// clients come through Docker's port forwarding: use another account.
-	res, err := runContainer(t, pool, &dockertest.RunOptions{
+	res, err := e.runContainer(pool, &dockertest.RunOptions{
 		Repository: rabbitRepo,
 		Tag:        rabbitTag,
 		Env:        []string{"RABBITMQ_DEFAULT_USER=latchkey", "RABBITMQ_DEFAULT_PASS=latchkey"},
@@ -83,7 +91,7 @@ func startRabbit(t testing.TB, pool *dockertest.Pool) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := waitFor(containerReadyTimeout, nil, func() error { return probeAMQP(addr, 2*time.Second) }); err != nil {
+	if err := waitFor(ctx, containerReadyTimeout, nil, func() error { return probeAMQP(addr, 2*time.Second) }); err != nil {
 		return "", fmt.Errorf("rabbitmq container on %s: %w", addr, err)
 	}
 	return "amqp://latchkey:latchkey@" + addr + "/", nil
@@ -146,9 +154,9 @@ func probeAMQP(addr string, timeout time.Duration) error {
 	return nil
 }
 
-// redactURL returns raw with its password, if any, replaced by "xxxxx", so
-// that test output never shows one.
-func redactURL(raw string) string {
+// RedactURL returns raw with its password, if any, replaced by "xxxxx", so
+// that output never shows one; "(an unparsable URL)" if raw is not a URL.
+func RedactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "(an unparsable URL)"

@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -28,7 +27,7 @@ func Missing(t testing.TB, what, how string) {
 // missing is Missing with the two ways of stopping a test made injectable, so
 // that the CI rule can be tested.
 func missing(skip, fatal func(args ...any), what, how string) {
-	msg := fmt.Sprintf("testenv: %s is not available; %s", what, how)
+	msg := (&MissingError{What: what, How: how}).Error()
 	if RequireCI() {
 		fatal(msg + " (CI is set: a missing broker fails the run instead of skipping)")
 		return

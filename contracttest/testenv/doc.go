@@ -17,6 +17,13 @@
 // Everything a helper starts (processes, containers, proxies) is stopped by
 // [testing.TB.Cleanup]. Servers and proxies listen on loopback only.
 //
+// Programs that are not tests (lockbench) use the same helpers through an
+// [Env]: each helper taking a testing.TB is a thin wrapper over the Env
+// method of the same name, which returns an error (a [*MissingError] for
+// step 5) instead of stopping a test, and leaves what it started to
+// [Env.Close]. [ForTest] makes the Env of a test and [Require] stops the
+// test on an error as the helpers do.
+//
 // NATS lives in the separate module
 // github.com/latchkey-go/latchkey/contracttest/testenv/natsenv, so that
 // importing this package never pulls a broker client or server library into a

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"testing"
 	"time"
 
 	"github.com/ory/dockertest/v3"
@@ -53,11 +52,10 @@ var containerSeq atomic.Uint64
 
 // runContainer starts a container from opts, with the given container ports
 // published on 127.0.0.1 (hostPorts maps a container port such as "6379/tcp"
-// to a host port, "" for any free one). The container is removed at cleanup.
-// It returns an error (and leaves nothing behind) when the container cannot be
-// started.
-func runContainer(t testing.TB, pool *dockertest.Pool, opts *dockertest.RunOptions, hostPorts map[string]string) (*dockertest.Resource, error) {
-	t.Helper()
+// to a host port, "" for any free one). The container is removed at
+// [Env.Close]. It returns an error (and leaves nothing behind) when the
+// container cannot be started.
+func (e *Env) runContainer(pool *dockertest.Pool, opts *dockertest.RunOptions, hostPorts map[string]string) (*dockertest.Resource, error) {
 	opts.Name = fmt.Sprintf("latchkey-testenv-%d-%d", time.Now().UnixNano(), containerSeq.Add(1))
 	opts.Labels = map[string]string{"latchkey-testenv": "1"}
 	opts.PortBindings = map[dc.Port][]dc.PortBinding{}
@@ -75,11 +73,15 @@ func runContainer(t testing.TB, pool *dockertest.Pool, opts *dockertest.RunOptio
 		_ = pool.RemoveContainerByName(opts.Name)
 		return nil, fmt.Errorf("docker: run %s:%s: %w", opts.Repository, opts.Tag, err)
 	}
-	t.Cleanup(func() {
+	err = e.OnClose(func() error {
 		if err := pool.Purge(res); err != nil {
-			t.Errorf("testenv: remove container %s: %v", opts.Name, err)
+			return fmt.Errorf("testenv: remove container %s: %w", opts.Name, err)
 		}
+		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
 	return res, nil
 }
 

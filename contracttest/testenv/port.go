@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"strings"
@@ -15,17 +16,17 @@ import (
 // port. It calls t.Fatal if no port can be found.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	p, err := freePort()
-	if err != nil {
-		t.Fatalf("testenv: free port: %v", err)
-	}
+	p, err := new(Env).FreePort()
+	Require(t, err)
 	return p
 }
 
-func freePort() (int, error) {
+// FreePort is [FreePort] returning an error when no port can be found.
+// It starts nothing for the Env to stop.
+func (e *Env) FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("testenv: free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
@@ -55,9 +56,9 @@ func redisPing(addr string, timeout time.Duration) error {
 	return nil
 }
 
-// waitFor calls probe until it succeeds, stop returns an error, or timeout
-// passes. It returns the last error.
-func waitFor(timeout time.Duration, stop func() error, probe func() error) error {
+// waitFor calls probe until it succeeds, stop returns an error, ctx ends or
+// timeout passes. It returns the last error.
+func waitFor(ctx context.Context, timeout time.Duration, stop func() error, probe func() error) error {
 	deadline := time.Now().Add(timeout)
 	delay := 5 * time.Millisecond
 	for {
@@ -73,7 +74,11 @@ func waitFor(timeout time.Duration, stop func() error, probe func() error) error
 		if time.Now().After(deadline) {
 			return fmt.Errorf("not ready after %v: %w", timeout, err)
 		}
-		time.Sleep(delay)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last probe: %v)", ctx.Err(), err)
+		case <-time.After(delay):
+		}
 		delay = min(2*delay, 200*time.Millisecond)
 	}
 }

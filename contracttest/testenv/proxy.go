@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -28,11 +29,12 @@ const proxyDialTimeout = 5 * time.Second
 // [Proxy.Latency] and [Proxy.ResetPeer], undone by [Proxy.Restore]. Faults
 // apply to connections already open and to new ones, in both directions at
 // once (but for DropReplies and DelayReplies), so that a client sees a
-// partition or a dead peer rather than a misbehaving server. Its methods are safe to call from
-// several goroutines. The proxy and its connections are closed at the end of
-// the test that created it.
+// partition or a dead peer rather than a misbehaving server. Its methods
+// are safe to call from several goroutines. The proxy and its connections
+// are closed at the end of the test that created it (or at the
+// [Env.Close] of the Env that created it).
 type Proxy struct {
-	t        testing.TB
+	env      *Env // gets the errors of Restore
 	upstream string
 	addr     string
 	ctx      context.Context // cancelled at cleanup, ends dials
@@ -58,13 +60,22 @@ type Proxy struct {
 // the test.
 func NewProxy(t testing.TB, upstream string) *Proxy {
 	t.Helper()
+	p, err := ForTest(t).NewProxy(upstream)
+	Require(t, err)
+	return p
+}
+
+// NewProxy is [NewProxy] returning an error if the proxy cannot listen.
+// The proxy is closed at [Env.Close], which returns the errors of its
+// [Proxy.Restore].
+func (e *Env) NewProxy(upstream string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("testenv: proxy to %s: %v", upstream, err)
+		return nil, fmt.Errorf("testenv: proxy to %s: %w", upstream, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{
-		t:        t,
+		env:      e,
 		upstream: upstream,
 		addr:     ln.Addr().String(),
 		ctx:      ctx,
@@ -74,8 +85,10 @@ func NewProxy(t testing.TB, upstream string) *Proxy {
 		wake:     make(chan struct{}),
 	}
 	p.wg.Go(func() { p.accept(ln) })
-	t.Cleanup(p.close)
-	return p
+	if err := e.OnClose(func() error { p.close(); return nil }); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // Addr returns the address clients dial, "127.0.0.1:port". It does not change
@@ -154,7 +167,8 @@ func (p *Proxy) ResetPeer() {
 // Restore removes every fault and accepts connections again, on the same
 // address; see [Proxy.BlackHole] for the connections it closes. Restoring a
 // healthy proxy does nothing. The test fails (without stopping) if the
-// address was taken while the proxy was cut.
+// address was taken while the proxy was cut (for a proxy of an Env made
+// without a test, [Env.Close] returns that error).
 func (p *Proxy) Restore() {
 	p.mu.Lock()
 	p.blackHole, p.dropBack, p.reset, p.latency, p.lateBack = false, false, false, 0, 0
@@ -163,7 +177,7 @@ func (p *Proxy) Restore() {
 	if p.ln == nil && !p.closed {
 		ln, err := net.Listen("tcp", p.addr)
 		if err != nil {
-			p.t.Errorf("testenv: restore proxy %s: %v", p.addr, err)
+			p.env.report(fmt.Errorf("testenv: restore proxy %s: %w", p.addr, err))
 		} else {
 			p.ln = ln
 			p.wg.Go(func() { p.accept(ln) })

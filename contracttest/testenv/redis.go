@@ -1,7 +1,7 @@
 package testenv
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -9,12 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/ory/dockertest/v3"
-	dc "github.com/ory/dockertest/v3/docker"
 )
 
 const (
@@ -52,35 +48,62 @@ func RedisAddr(t testing.TB) string {
 // connection.
 func RedisAddrs(t testing.TB) []string {
 	t.Helper()
-	if env := os.Getenv("LOCKS_REDIS_ADDRS"); strings.TrimSpace(env) != "" {
-		var addrs []string
-		for a := range strings.SplitSeq(env, ",") {
-			if a = strings.TrimSpace(a); a == "" {
-				continue
-			}
-			if err := dialCheck(a); err != nil {
-				t.Fatalf("testenv: LOCKS_REDIS_ADDRS=%q: %v", env, err)
-			}
-			addrs = append(addrs, a)
-		}
-		if len(addrs) == 0 {
-			t.Fatalf("testenv: LOCKS_REDIS_ADDRS=%q lists no address", env)
-		}
-		return addrs
+	addrs, err := ForTest(t).RedisAddrs(t.Context())
+	Require(t, err)
+	return addrs
+}
+
+// RedisAddrs is [RedisAddrs] returning an error: a [*MissingError] when
+// there is no server and no way to start one. A server it starts is
+// stopped at [Env.Close].
+func (e *Env) RedisAddrs(ctx context.Context) ([]string, error) {
+	if addrs, err := RedisAddrsFromEnv(); addrs != nil || err != nil {
+		return addrs, err
 	}
 	if redisPing(localRedisAddr, time.Second) == nil {
-		return []string{localRedisAddr}
+		return []string{localRedisAddr}, nil
 	}
-	return []string{StartRedis(t, 1)[0].Addr()}
+	servers, err := e.StartRedis(ctx, 1, RedisConfig{})
+	if err != nil {
+		return nil, err
+	}
+	return []string{servers[0].Addr()}, nil
+}
+
+// RedisAddrsFromEnv returns the addresses listed, comma-separated, in the
+// LOCKS_REDIS_ADDRS environment variable, or nil when it is unset or
+// blank. It returns an error if one of them does not accept a TCP
+// connection, or if the variable lists no address.
+func RedisAddrsFromEnv() ([]string, error) {
+	env := os.Getenv("LOCKS_REDIS_ADDRS")
+	if strings.TrimSpace(env) == "" {
+		return nil, nil
+	}
+	var addrs []string
+	for a := range strings.SplitSeq(env, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		if err := dialCheck(a); err != nil {
+			return nil, fmt.Errorf("testenv: LOCKS_REDIS_ADDRS=%q: %w", env, err)
+		}
+		addrs = append(addrs, a)
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("testenv: LOCKS_REDIS_ADDRS=%q lists no address", env)
+	}
+	return addrs, nil
 }
 
 // A RedisServer is a Redis master started for one test by [StartRedis], which
 // the test may kill, pause and restart to inject faults. Its methods are safe
 // to call from several goroutines; each waits for the previous one to finish.
-// The server is stopped at the end of the test that started it.
+// The server is stopped at the end of the test that started it (or at the
+// [Env.Close] of the Env that started it).
 type RedisServer struct {
 	addr    string
 	tlsAddr string
+	bin     string // the redis-server program, "" in a container
 
 	mu      sync.Mutex
 	r       redisRunner
@@ -93,7 +116,7 @@ type RedisServer struct {
 // process or a container. Its methods are called with RedisServer.mu held.
 type redisRunner interface {
 	// start starts the server and waits until it answers PING.
-	start() error
+	start(ctx context.Context) error
 	// kill kills the server abruptly and waits until it is gone.
 	kill() error
 	pause() error
@@ -129,63 +152,105 @@ type RedisConfig struct {
 // local redis-server: it calls [Missing] rather than use Docker.
 func StartRedisWith(t testing.TB, n int, cfg RedisConfig) []*RedisServer {
 	t.Helper()
+	servers, err := ForTest(t).StartRedis(t.Context(), n, cfg)
+	Require(t, err)
+	return servers
+}
+
+// StartRedis is [StartRedisWith] returning an error: a [*MissingError]
+// when there is neither a redis-server nor a Docker engine (nor a
+// redis-server, with cfg's TLS or Args). The servers are stopped at
+// [Env.Close], also those started before an error. ctx bounds the
+// servers' start, not their life.
+func (e *Env) StartRedis(ctx context.Context, n int, cfg RedisConfig) ([]*RedisServer, error) {
 	if n < 1 {
-		t.Fatalf("testenv: StartRedis(%d): n must be at least 1", n)
+		return nil, fmt.Errorf("testenv: StartRedis(%d): n must be at least 1", n)
 	}
-	custom := cfg.TLS != nil || len(cfg.Args) > 0
-	var newRunner func(port int) redisRunner
-	if bin, err := exec.LookPath("redis-server"); err == nil {
-		newRunner = func(port int) redisRunner {
-			return &redisProc{bin: bin, dir: t.TempDir(), port: port, cfg: cfg}
-		}
-	} else if custom {
-		Missing(t, "redis-server", "TLS and ACL tests run the local redis-server: install Redis (apt-get install redis-server, brew install redis)")
-		return nil
-	} else if pool, derr := dockerPool(); derr == nil {
-		newRunner = func(port int) redisRunner {
-			return &redisContainer{t: t, pool: pool, port: port}
-		}
-	} else {
-		Missing(t, "redis-server",
-			"install Redis so that redis-server is on the PATH (apt-get install redis-server, brew install redis), "+
-				"or start a Docker engine ("+derr.Error()+")")
-		return nil
+	newRunner, bin, err := e.redisRunners(cfg)
+	if err != nil {
+		return nil, err
 	}
 	servers := make([]*RedisServer, 0, n)
 	for range n {
-		var (
-			s   *RedisServer
-			err error
-		)
+		var s *RedisServer
 		for range redisStartAttempts {
-			port := FreePort(t)
-			s = &RedisServer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), r: newRunner(port)}
-			if cfg.TLS != nil {
-				tp := FreePort(t)
-				s.r.(*redisProc).tlsPort = tp
-				s.tlsAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(tp))
-			}
-			if err = s.r.start(); err == nil {
+			if s, err = e.startRedisServer(ctx, newRunner, cfg); err == nil || ctx.Err() != nil {
 				break
 			}
 		}
 		if err != nil {
-			t.Fatalf("testenv: start redis: %v", err)
+			return nil, fmt.Errorf("testenv: start redis: %w", err)
 		}
-		s.running = true
-		t.Cleanup(func() {
-			if err := s.stop(); err != nil {
-				t.Errorf("testenv: stop: %v", err)
-			}
-		})
+		s.bin = bin
+		if err := e.OnClose(s.stopErr); err != nil {
+			return nil, err
+		}
 		servers = append(servers, s)
 	}
-	return servers
+	return servers, nil
+}
+
+// redisRunners returns how to run a server on a given port: the local
+// redis-server (whose path it also returns), or else Docker.
+func (e *Env) redisRunners(cfg RedisConfig) (newRunner func(port int) (redisRunner, error), bin string, err error) {
+	if bin, err := exec.LookPath("redis-server"); err == nil {
+		return func(port int) (redisRunner, error) {
+			dir, err := e.TempDir()
+			if err != nil {
+				return nil, err
+			}
+			return &redisProc{bin: bin, dir: dir, port: port, cfg: cfg}, nil
+		}, bin, nil
+	}
+	if cfg.TLS != nil || len(cfg.Args) > 0 {
+		return nil, "", &MissingError{What: "redis-server",
+			How: "TLS and ACL tests run the local redis-server: install Redis (apt-get install redis-server, brew install redis)"}
+	}
+	pool, derr := dockerPool()
+	if derr != nil {
+		return nil, "", &MissingError{What: "redis-server",
+			How: "install Redis so that redis-server is on the PATH (apt-get install redis-server, brew install redis), " +
+				"or start a Docker engine (" + derr.Error() + ")"}
+	}
+	return func(port int) (redisRunner, error) {
+		return &redisContainer{env: e, pool: pool, port: port}, nil
+	}, "", nil
+}
+
+// startRedisServer starts one server on a free port (and a free TLS port
+// with cfg.TLS).
+func (e *Env) startRedisServer(ctx context.Context, newRunner func(port int) (redisRunner, error), cfg RedisConfig) (*RedisServer, error) {
+	port, err := e.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	r, err := newRunner(port)
+	if err != nil {
+		return nil, err
+	}
+	s := &RedisServer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), r: r}
+	if cfg.TLS != nil {
+		tp, err := e.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		s.r.(*redisProc).tlsPort = tp
+		s.tlsAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(tp))
+	}
+	if err := s.r.start(ctx); err != nil {
+		return nil, err
+	}
+	s.running = true
+	return s, nil
 }
 
 // Addr returns the server's address, "127.0.0.1:port". It does not change
 // across [RedisServer.Restart].
 func (s *RedisServer) Addr() string { return s.addr }
+
+// Binary returns the path of the redis-server program the server runs,
+// or "" when it runs in a container.
+func (s *RedisServer) Binary() string { return s.bin }
 
 // TLSAddr returns the server's TLS address, "127.0.0.1:port", or "" when
 // it was started without [RedisConfig.TLS].
@@ -214,7 +279,7 @@ func (s *RedisServer) killLocked() error {
 		return fmt.Errorf("testenv: redis %s: kill: %w", s.addr, err)
 	}
 	s.running = false
-	if err := waitFor(5*time.Second, nil, func() error { return portClosed(s.addr) }); err != nil {
+	if err := waitFor(context.Background(), 5*time.Second, nil, func() error { return portClosed(s.addr) }); err != nil {
 		return fmt.Errorf("testenv: redis %s: after kill: %w", s.addr, err)
 	}
 	return nil
@@ -268,7 +333,7 @@ func (s *RedisServer) Restart() error {
 	if err := s.killLocked(); err != nil {
 		return err
 	}
-	if err := s.r.start(); err != nil {
+	if err := s.r.start(context.Background()); err != nil {
 		return fmt.Errorf("testenv: redis %s: restart: %w", s.addr, err)
 	}
 	s.running = true
@@ -279,9 +344,10 @@ func (s *RedisServer) Restart() error {
 // the end of the test (which fails if the server cannot be killed). Later
 // calls to Stop, Kill and Resume return at once; Restart and Pause return an
 // error.
-func (s *RedisServer) Stop() { _ = s.stop() }
+func (s *RedisServer) Stop() { _ = s.stopErr() }
 
-func (s *RedisServer) stop() error {
+// stopErr is Stop, returning why the server could not be killed.
+func (s *RedisServer) stopErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
@@ -299,159 +365,4 @@ func portClosed(addr string) error {
 	}
 	c.Close()
 	return fmt.Errorf("port %s still accepts connections", addr)
-}
-
-// redisProc runs redis-server as a child process.
-type redisProc struct {
-	bin     string
-	dir     string
-	port    int
-	tlsPort int // 0 for none
-	cfg     RedisConfig
-
-	cmd  *exec.Cmd
-	done chan struct{} // closed once cmd has been waited for
-	out  *tailBuffer
-}
-
-func (p *redisProc) start() error {
-	p.out = &tailBuffer{max: 4096}
-	p.cmd = exec.Command(p.bin,
-		"--port", strconv.Itoa(p.port),
-		"--bind", "127.0.0.1",
-		"--save", "",
-		"--appendonly", "no",
-		"--daemonize", "no",
-		"--dir", p.dir,
-		"--logfile", "",
-	)
-	if p.tlsPort != 0 {
-		p.cmd.Args = append(p.cmd.Args,
-			"--tls-port", strconv.Itoa(p.tlsPort),
-			"--tls-cert-file", p.cfg.TLS.CertFile,
-			"--tls-key-file", p.cfg.TLS.KeyFile,
-			"--tls-ca-cert-file", p.cfg.TLS.CAFile,
-			"--tls-auth-clients", "optional",
-		)
-	}
-	p.cmd.Args = append(p.cmd.Args, p.cfg.Args...)
-	p.cmd.Stdout = p.out
-	p.cmd.Stderr = p.out
-	// Its own process group, so that a ^C on the test does not reach it
-	// before cleanup does.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		return err
-	}
-	done := make(chan struct{})
-	p.done = done
-	cmd := p.cmd
-	go func() {
-		_ = cmd.Wait()
-		close(done)
-	}()
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port))
-	exited := func() error {
-		select {
-		case <-done:
-			return fmt.Errorf("redis-server on port %d exited: %s; output:\n%s", p.port, cmd.ProcessState, p.out)
-		default:
-			return nil
-		}
-	}
-	err := waitFor(redisReadyTimeout, exited, func() error { return redisPing(addr, 500*time.Millisecond) })
-	if err != nil {
-		_ = p.kill()
-		return err
-	}
-	return nil
-}
-
-func (p *redisProc) kill() error {
-	if p.cmd == nil {
-		return nil
-	}
-	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return err
-	}
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("redis-server pid %d did not exit after SIGKILL", p.cmd.Process.Pid)
-	}
-	p.cmd = nil
-	return nil
-}
-
-func (p *redisProc) pause() error  { return p.cmd.Process.Signal(syscall.SIGSTOP) }
-func (p *redisProc) resume() error { return p.cmd.Process.Signal(syscall.SIGCONT) }
-
-// redisContainer runs Redis in a Docker container whose port 6379 is
-// published on 127.0.0.1:port, so that it keeps its address across restarts.
-type redisContainer struct {
-	t    testing.TB
-	pool *dockertest.Pool
-	port int
-	res  *dockertest.Resource
-}
-
-func (c *redisContainer) start() error {
-	if c.res == nil {
-		res, err := runContainer(c.t, c.pool, &dockertest.RunOptions{
-			Repository: redisRepo,
-			Tag:        redisTag,
-			Cmd:        []string{"redis-server", "--save", "", "--appendonly", "no", "--protected-mode", "no"},
-		}, map[string]string{"6379/tcp": strconv.Itoa(c.port)})
-		if err != nil {
-			return err
-		}
-		c.res = res
-	} else if err := c.pool.Client.StartContainer(c.res.Container.ID, nil); err != nil {
-		return err
-	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port))
-	return waitFor(containerReadyTimeout, nil, func() error { return redisPing(addr, time.Second) })
-}
-
-func (c *redisContainer) kill() error {
-	if err := c.pool.Client.KillContainer(dc.KillContainerOptions{ID: c.res.Container.ID, Signal: dc.SIGKILL}); err != nil {
-		return err
-	}
-	return waitFor(30*time.Second, nil, func() error {
-		ctr, err := c.pool.Client.InspectContainer(c.res.Container.ID)
-		if err != nil {
-			return err
-		}
-		if ctr.State.Running {
-			return errors.New("container still running")
-		}
-		return nil
-	})
-}
-
-func (c *redisContainer) pause() error  { return c.pool.Client.PauseContainer(c.res.Container.ID) }
-func (c *redisContainer) resume() error { return c.pool.Client.UnpauseContainer(c.res.Container.ID) }
-
-// tailBuffer is an io.Writer keeping the last max bytes written, safe for
-// concurrent use.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.b = append(b.b, p...)
-	if over := len(b.b) - b.max; over > 0 {
-		b.b = append(b.b[:0], b.b[over:]...)
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.b)
 }

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -36,10 +37,26 @@ type TLS struct {
 // called from the goroutine running the test.
 func NewTLS(t testing.TB) *TLS {
 	t.Helper()
+	certs, err := ForTest(t).NewTLS()
+	Require(t, err)
+	return certs
+}
+
+// NewTLS is [NewTLS] returning an error; the directory is removed at
+// [Env.Close].
+func (e *Env) NewTLS() (*TLS, error) {
+	certs, err := e.newTLS()
+	if err != nil {
+		return nil, fmt.Errorf("testenv: TLS: %w", err)
+	}
+	return certs, nil
+}
+
+func (e *Env) newTLS() (*TLS, error) {
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	caTmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
@@ -52,15 +69,15 @@ func NewTLS(t testing.TB) *TLS {
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	ca, err := x509.ParseCertificate(caDER)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	leafTmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(2),
@@ -74,14 +91,17 @@ func NewTLS(t testing.TB) *TLS {
 	}
 	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 
-	dir := t.TempDir()
+	dir, err := e.TempDir()
+	if err != nil {
+		return nil, err
+	}
 	files := &TLS{
 		CAFile:   filepath.Join(dir, "ca.pem"),
 		CertFile: filepath.Join(dir, "cert.pem"),
@@ -92,18 +112,18 @@ func NewTLS(t testing.TB) *TLS {
 		der        []byte
 	}{{files.CAFile, "CERTIFICATE", caDER}, {files.CertFile, "CERTIFICATE", leafDER}, {files.KeyFile, "EC PRIVATE KEY", keyDER}} {
 		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.kind, Bytes: f.der}), 0o600); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 	}
 	pair, err := tls.LoadX509KeyPair(files.CertFile, files.KeyFile)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca)
 	files.Server = &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS12}
 	files.Client = &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12}
-	return files
+	return files, nil
 }
 
 // TLSFront listens with TLS on a free port of 127.0.0.1 and forwards each
@@ -114,9 +134,17 @@ func NewTLS(t testing.TB) *TLS {
 // be called from the goroutine running the test.
 func TLSFront(t testing.TB, upstream string, certs *TLS) string {
 	t.Helper()
+	addr, err := ForTest(t).TLSFront(upstream, certs)
+	Require(t, err)
+	return addr
+}
+
+// TLSFront is [TLSFront] returning an error if it cannot listen; it
+// stops at [Env.Close].
+func (e *Env) TLSFront(upstream string, certs *TLS) (string, error) {
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", certs.Server)
 	if err != nil {
-		t.Fatalf("testenv: TLS front for %s: %v", upstream, err)
+		return "", fmt.Errorf("testenv: TLS front for %s: %w", upstream, err)
 	}
 	var (
 		wg    sync.WaitGroup
@@ -149,7 +177,7 @@ func TLSFront(t testing.TB, upstream string, certs *TLS) string {
 			})
 		}
 	})
-	t.Cleanup(func() {
+	err = e.OnClose(func() error {
 		ln.Close()
 		mu.Lock()
 		for _, c := range conns {
@@ -157,6 +185,10 @@ func TLSFront(t testing.TB, upstream string, certs *TLS) string {
 		}
 		mu.Unlock()
 		wg.Wait()
+		return nil
 	})
-	return ln.Addr().String()
+	if err != nil {
+		return "", err
+	}
+	return ln.Addr().String(), nil
 }

@@ -11,11 +11,13 @@
 //	go run ./benchmarks/cmd/lockbench --duration 2s --json out.json --svg out.svg
 //	go run ./benchmarks/cmd/lockbench --only 'redlockprio/*,redsync/*,redislock,floor/redis' --scenarios uncontended,contended
 //
-// It starts what it needs: NATS always in-process (a single JetStream node
-// and a 3-node cluster), Redis masters from the local redis-server on free
-// loopback ports (or LOCKS_REDIS_ADDRS), and uses the RabbitMQ at
-// LOCKS_AMQP_URL or amqp://guest:guest@127.0.0.1:5672/. Systems whose
-// broker is missing are left out, and the output says which and why.
+// It starts what it needs through testenv and natsenv, as the tests do:
+// NATS always in-process (a single JetStream node and a 3-node cluster),
+// Redis masters from the local redis-server on free loopback ports (or
+// LOCKS_REDIS_ADDRS), and uses the RabbitMQ at LOCKS_AMQP_URL or
+// amqp://guest:guest@127.0.0.1:5672/ (Redis and RabbitMQ in Docker
+// containers when those are missing and a Docker engine answers). Systems
+// whose broker is missing are left out, and the output says which and why.
 // Run lockbench --help for the flags, the systems and the scenarios.
 package main
 
@@ -75,11 +77,12 @@ floor/redis) and to its best peer (redlockprio/Nk to redsync/Nk, and N1 also
 to redislock): p50 ÷ p50 for latency scenarios, ops/s ÷ ops/s for contended
 and many.
 
-Brokers (started or found; loopback only):
+Brokers (started or found, as testenv does for the tests; loopback only):
   NATS      embedded nats-server, always (one node and a 3-node cluster)
   Redis     LOCKS_REDIS_ADDRS (5 independent masters), else 5 redis-server
-            processes started from the PATH on free ports
+            processes started from the PATH on free ports (else Docker)
   RabbitMQ  LOCKS_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/
+            (else Docker)
 Systems whose broker is missing are left out, and lockbench says why.
 
 Flags:
@@ -89,82 +92,142 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+// flags are lockbench's command line.
+type flags struct {
+	only, scenarios string
+	duration, ttl   time.Duration
+	rounds, workers int
+	leases          int
+	jsonOut, svgOut string
+	list            bool
+	entries         []benchmarks.Entry // what only selects
+	scenarioList    []string           // what scenarios selects, in report order
+}
+
+// parseFlags parses args; on an error or --help it returns ok false and
+// the exit code, having said why on stderr.
+func parseFlags(args []string, stderr io.Writer) (f flags, code int, ok bool) {
 	fs := flag.NewFlagSet("lockbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var (
-		only      = fs.String("only", "all", "systems to run: comma-separated names or globs (\"redsync/*\", \"floor/\")")
-		scenarios = fs.String("scenarios", strings.Join(benchmarks.Scenarios(), ","), "scenarios to run, comma-separated")
-		duration  = fs.Duration("duration", 3*time.Second, "how long each system runs each scenario")
-		rounds    = fs.Int("rounds", 1, "run everything this many times, the systems in another order each round, and report each pair's median round")
-		workers   = fs.Int("workers", 8, "clients in the contended scenario (and acquiring goroutines in many)")
-		leases    = fs.Int("leases", 10000, "leases held in the many scenario")
-		ttl       = fs.Duration("ttl", benchmarks.DefaultTTL, "lease TTL of the systems with TTLs (renewed every third)")
-		jsonOut   = fs.String("json", "", "write the results as JSON to `FILE`")
-		svgOut    = fs.String("svg", "", "write a chart as SVG to `FILE`")
-		list      = fs.Bool("list", false, "list the systems and scenarios, and exit")
-	)
+	fs.StringVar(&f.only, "only", "all", "systems to run: comma-separated names or globs (\"redsync/*\", \"floor/\")")
+	fs.StringVar(&f.scenarios, "scenarios", strings.Join(benchmarks.Scenarios(), ","), "scenarios to run, comma-separated")
+	fs.DurationVar(&f.duration, "duration", 3*time.Second, "how long each system runs each scenario")
+	fs.IntVar(&f.rounds, "rounds", 1, "run everything this many times, the systems in another order each round, and report each pair's median round")
+	fs.IntVar(&f.workers, "workers", 8, "clients in the contended scenario (and acquiring goroutines in many)")
+	fs.IntVar(&f.leases, "leases", 10000, "leases held in the many scenario")
+	fs.DurationVar(&f.ttl, "ttl", benchmarks.DefaultTTL, "lease TTL of the systems with TTLs (renewed every third)")
+	fs.StringVar(&f.jsonOut, "json", "", "write the results as JSON to `FILE`")
+	fs.StringVar(&f.svgOut, "svg", "", "write a chart as SVG to `FILE`")
+	fs.BoolVar(&f.list, "list", false, "list the systems and scenarios, and exit")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return f, 0, false
 		}
-		return 2
+		return f, 2, false
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "lockbench: unexpected arguments %q (see --help)\n", fs.Args())
-		return 2
+		return f, 2, false
 	}
-	if *list {
-		for _, e := range benchmarks.Systems() {
-			note := ""
-			if e.NotWired != "" {
-				note = "  (not wired: " + e.NotWired + ")"
-			}
-			fmt.Fprintf(stdout, "%-18s %-8s %s%s\n", e.Name, e.Kind, needs(e), note)
-		}
-		fmt.Fprintf(stdout, "scenarios: %s\n", strings.Join(benchmarks.Scenarios(), ", "))
+	if f.list {
+		return f, 0, true
+	}
+	var err error
+	if f.entries, err = benchmarks.Match(f.only); err != nil {
+		fmt.Fprintf(stderr, "lockbench: --only: %v\n", err)
+		return f, 2, false
+	}
+	if f.scenarioList, err = pickScenarios(f.scenarios); err != nil {
+		fmt.Fprintf(stderr, "lockbench: --scenarios: %v\n", err)
+		return f, 2, false
+	}
+	if f.duration <= 0 || f.workers < 2 || f.leases < 1 || f.ttl <= 0 || f.rounds < 1 {
+		fmt.Fprintln(stderr, "lockbench: --duration and --ttl must be > 0, --workers >= 2, --leases >= 1, --rounds >= 1")
+		return f, 2, false
+	}
+	return f, 0, true
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	f, code, ok := parseFlags(args, stderr)
+	if !ok {
+		return code
+	}
+	if f.list {
+		listSystems(stdout)
 		return 0
 	}
-	entries, err := benchmarks.Match(*only)
-	if err != nil {
-		fmt.Fprintf(stderr, "lockbench: --only: %v\n", err)
-		return 2
-	}
-	scs, err := pickScenarios(*scenarios)
-	if err != nil {
-		fmt.Fprintf(stderr, "lockbench: --scenarios: %v\n", err)
-		return 2
-	}
-	if *duration <= 0 || *workers < 2 || *leases < 1 || *ttl <= 0 || *rounds < 1 {
-		fmt.Fprintln(stderr, "lockbench: --duration and --ttl must be > 0, --workers >= 2, --leases >= 1, --rounds >= 1")
-		return 2
-	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 
-	bk := startBrokers(ctx, entries, logf)
-	defer bk.close()
+	bk := startBrokers(ctx, f.entries, logf)
+	defer bk.close(logf)
 	env := bk.env
-	env.TTL = *ttl
+	env.TTL = f.ttl
+	runnable, leftOut := bk.runnable(f.entries, logf)
+	rtt, idleRTT := measureRTT(ctx, env, logf)
 
+	p := benchmarks.Params{Duration: f.duration, Workers: f.workers, Leases: f.leases, Rounds: f.rounds}
+	start := time.Now()
+	rep, runErr := benchmarks.RunAll(ctx, env, runnable, f.scenarioList, p, stderr)
+	rep.Skipped = append(leftOut, rep.Skipped...)
+	rep.RTT, rep.IdleRTT = rtt, idleRTT
+	rep.Machine.Brokers = bk.about
+	rep.Machine.Params = map[string]string{
+		"duration": f.duration.String(), "workers": fmt.Sprint(f.workers), "leases": fmt.Sprint(f.leases),
+		"ttl": f.ttl.String(), "rounds": fmt.Sprint(f.rounds), "only": f.only, "scenarios": strings.Join(f.scenarioList, ","),
+		"hold": "100µs", "semaphore_size": "8",
+	}
+	logf("lockbench: done in %v", time.Since(start).Round(time.Second))
+
+	code = 0
+	if runErr != nil {
+		fmt.Fprintf(stderr, "lockbench: stopped early: %v\n", runErr)
+		code = 1
+	}
+	if !writeReport(rep, f, stdout, stderr) {
+		code = 1
+	}
+	return code
+}
+
+// listSystems prints what --list prints.
+func listSystems(stdout io.Writer) {
+	for _, e := range benchmarks.Systems() {
+		note := ""
+		if e.NotWired != "" {
+			note = "  (not wired: " + e.NotWired + ")"
+		}
+		fmt.Fprintf(stdout, "%-18s %-8s %s%s\n", e.Name, e.Kind, needs(e), note)
+	}
+	fmt.Fprintf(stdout, "scenarios: %s\n", strings.Join(benchmarks.Scenarios(), ", "))
+}
+
+// runnable returns the entries whose brokers are there, and the others
+// as left out, saying why.
+func (b *brokers) runnable(entries []benchmarks.Entry, logf func(string, ...any)) ([]benchmarks.Entry, []benchmarks.Skipped) {
 	var runnable []benchmarks.Entry
 	var leftOut []benchmarks.Skipped
 	for _, e := range entries {
-		if why, ok := bk.missing[e.Needs]; ok && e.NotWired == "" && (e.Needs != benchmarks.Redis || len(env.Redis) < e.Masters) {
+		if why, ok := b.missing[e.Needs]; ok && e.NotWired == "" && (e.Needs != benchmarks.Redis || len(b.env.Redis) < e.Masters) {
 			leftOut = append(leftOut, benchmarks.Skipped{System: e.Name, Reason: e.Needs.String() + " unavailable: " + why})
 			logf("lockbench: %-18s left out: %s unavailable: %s", e.Name, e.Needs, why)
 			continue
 		}
 		runnable = append(runnable, e)
 	}
+	return runnable, leftOut
+}
 
-	rtt, idleRTT := map[string]int64{}, map[string]int64{}
+// measureRTT measures each broker's round trip, back to back and after
+// an idle gap, in nanoseconds by broker name.
+func measureRTT(ctx context.Context, env benchmarks.Env, logf func(string, ...any)) (rtt, idleRTT map[string]int64) {
+	rtt, idleRTT = map[string]int64{}, map[string]int64{}
 	for _, b := range []benchmarks.Broker{benchmarks.NATS, benchmarks.NATSCluster, benchmarks.Redis, benchmarks.AMQP} {
 		d, err := benchmarks.BrokerRTT(ctx, env, b, 200, 0)
 		if err != nil {
@@ -177,44 +240,32 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		logf("lockbench: %s round trip p50 %s back to back, %s after %s idle", b, benchmarks.FormatDuration(d), benchmarks.FormatDuration(idle), benchmarks.IdleGap)
 	}
+	return rtt, idleRTT
+}
 
-	p := benchmarks.Params{Duration: *duration, Workers: *workers, Leases: *leases, Rounds: *rounds}
-	start := time.Now()
-	rep, runErr := benchmarks.RunAll(ctx, env, runnable, scs, p, stderr)
-	rep.Skipped = append(leftOut, rep.Skipped...)
-	rep.RTT, rep.IdleRTT = rtt, idleRTT
-	rep.Machine.Brokers = bk.about
-	rep.Machine.Params = map[string]string{
-		"duration": duration.String(), "workers": fmt.Sprint(*workers), "leases": fmt.Sprint(*leases),
-		"ttl": ttl.String(), "rounds": fmt.Sprint(*rounds), "only": *only, "scenarios": strings.Join(scs, ","),
-		"hold": "100µs", "semaphore_size": "8",
-	}
-	logf("lockbench: done in %v", time.Since(start).Round(time.Second))
-
-	code := 0
-	if runErr != nil {
-		fmt.Fprintf(stderr, "lockbench: stopped early: %v\n", runErr)
-		code = 1
-	}
+// writeReport prints the table and writes the files asked for; it
+// returns false if one could not be written.
+func writeReport(rep *benchmarks.Report, f flags, stdout, stderr io.Writer) bool {
+	ok := true
 	fmt.Fprintf(stdout, "lockbench %s on %s (%s, %d CPUs, %s), %s per system and scenario%s\n\n",
-		rep.Machine.Started.Format(time.RFC3339), rep.Machine.Hostname, rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.GoVersion, *duration, medianOf(*rounds))
+		rep.Machine.Started.Format(time.RFC3339), rep.Machine.Hostname, rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.GoVersion, f.duration, medianOf(f.rounds))
 	if err := rep.WriteTable(stdout); err != nil {
 		fmt.Fprintf(stderr, "lockbench: %v\n", err)
-		code = 1
+		ok = false
 	}
 	for _, out := range []struct {
 		path  string
 		write func(io.Writer) error
-	}{{*jsonOut, rep.WriteJSON}, {*svgOut, rep.WriteSVG}} {
+	}{{f.jsonOut, rep.WriteJSON}, {f.svgOut, rep.WriteSVG}} {
 		if out.path == "" {
 			continue
 		}
 		if err := writeFile(out.path, out.write); err != nil {
 			fmt.Fprintf(stderr, "lockbench: %v\n", err)
-			code = 1
+			ok = false
 		}
 	}
-	return code
+	return ok
 }
 
 func medianOf(rounds int) string {

@@ -1,6 +1,7 @@
 package natsenv
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -24,7 +25,7 @@ func TestProxyRoutesNoBypass(t *testing.T) {
 	}
 	check := func(when string) {
 		t.Helper()
-		err := waitFor(10*time.Second, func() error {
+		err := waitFor(context.Background(), 10*time.Second, func() error {
 			for _, s := range c.servers {
 				rz, err := s.server().Routez(nil)
 				if err != nil {

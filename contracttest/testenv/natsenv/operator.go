@@ -9,6 +9,8 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
+
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
 )
 
 // An Operator is the root of trust of servers in operator (JWT) mode,
@@ -45,11 +47,18 @@ type Creds struct {
 // made. NewOperator must be called from the goroutine running the test.
 func NewOperator(t testing.TB) *Operator {
 	t.Helper()
+	o, err := forTest(t).NewOperator()
+	testenv.Require(t, err)
+	return o
+}
+
+// NewOperator is [NewOperator] returning an error.
+func (e Env) NewOperator() (*Operator, error) {
 	o, err := newOperator()
 	if err != nil {
-		t.Fatalf("natsenv: operator: %v", err)
+		return nil, fmt.Errorf("natsenv: operator: %w", err)
 	}
-	return o
+	return o, nil
 }
 
 func newOperator() (*Operator, error) {
@@ -121,11 +130,23 @@ func newOperator() (*Operator, error) {
 // called from the goroutine running the test.
 func (o *Operator) NewUser(t testing.TB, name string) Creds {
 	t.Helper()
-	c, err := o.newUser(name, t.TempDir())
-	if err != nil {
-		t.Fatalf("natsenv: user %s: %v", name, err)
-	}
+	c, err := forTest(t).NewUser(o, name)
+	testenv.Require(t, err)
 	return c
+}
+
+// NewUser is [Operator.NewUser] returning an error; the credentials file
+// is removed at the testenv.Env's Close.
+func (e Env) NewUser(o *Operator, name string) (Creds, error) {
+	dir, err := e.TempDir()
+	if err != nil {
+		return Creds{}, err
+	}
+	c, err := o.newUser(name, dir)
+	if err != nil {
+		return Creds{}, fmt.Errorf("natsenv: user %s: %w", name, err)
+	}
+	return c, nil
 }
 
 func (o *Operator) newUser(name, dir string) (Creds, error) {

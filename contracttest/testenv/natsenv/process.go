@@ -1,6 +1,7 @@
 package natsenv
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,14 +35,22 @@ const BinaryEnv = "LOCKS_NATS_SERVER"
 // the test.
 func Binary(t testing.TB) string {
 	t.Helper()
+	p, err := forTest(t).Binary()
+	testenv.Require(t, err)
+	return p
+}
+
+// Binary is [Binary] returning a [*testenv.MissingError] when there is no
+// nats-server program.
+func (e Env) Binary() (string, error) {
 	if p := strings.TrimSpace(os.Getenv(BinaryEnv)); p != "" {
-		return p
+		return p, nil
 	}
 	p, err := exec.LookPath("nats-server")
 	if err != nil {
-		testenv.Missing(t, "the nats-server program", "install it on PATH or set "+BinaryEnv)
+		return "", &testenv.MissingError{What: "the nats-server program", How: "install it on PATH or set " + BinaryEnv}
 	}
-	return p
+	return p, nil
 }
 
 var versions sync.Map // binary path -> version string
@@ -125,12 +134,12 @@ func processConfig(o *server.Options, monitor int) string {
 
 // startProcess runs s from its binary, on its fixed ports, and waits until
 // it accepts clients with JetStream enabled.
-func (s *Server) startProcess() error {
+func (s *Server) startProcess(ctx context.Context) error {
 	if err := binaryOptions(s.opts); err != nil {
 		return fmt.Errorf("natsenv: %s: %w", s.name, err)
 	}
 	if s.opts.Port == server.RANDOM_PORT {
-		port, err := freePort()
+		port, err := s.env.FreePort()
 		if err != nil {
 			return fmt.Errorf("natsenv: %s: %w", s.name, err)
 		}
@@ -138,7 +147,7 @@ func (s *Server) startProcess() error {
 		s.url = "nats://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.opts.Port))
 	}
 	if s.monitor == 0 {
-		port, err := freePort()
+		port, err := s.env.FreePort()
 		if err != nil {
 			return fmt.Errorf("natsenv: %s: %w", s.name, err)
 		}
@@ -162,7 +171,7 @@ func (s *Server) startProcess() error {
 	}
 	p := &proc{cmd: cmd, done: make(chan struct{}), http: net.JoinHostPort("127.0.0.1", strconv.Itoa(s.monitor))}
 	go p.wait()
-	err = waitFor(readyTimeout, func() error {
+	err = waitFor(ctx, readyTimeout, func() error {
 		select {
 		case <-p.done:
 			return fmt.Errorf("exited: %s", cmd.ProcessState)
@@ -185,7 +194,7 @@ func (s *Server) startProcess() error {
 		return fmt.Errorf("natsenv: %s (%s): not ready: %w; log:\n%s", s.name, s.bin, err, tail(logPath, 2048))
 	}
 	s.proc = p
-	s.log.logf("[INF]", "%s: started %s (pid %d), config %s, log %s", s.name, s.bin, cmd.Process.Pid, conf, logPath)
+	s.log.log("[INF]", "%s: started %s (pid %d), config %s, log %s", s.name, s.bin, cmd.Process.Pid, conf, logPath)
 	return nil
 }
 
@@ -273,16 +282,6 @@ func (p *proc) version() (string, error) {
 		return "", err
 	}
 	return varz.Version, nil
-}
-
-// freePort returns a TCP port of 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // tail returns the last n bytes of the file at path.
