@@ -17,7 +17,7 @@ import (
 func Example() {
 	store := memlock.New()
 	client, _ := store.NewClient()
-	defer client.Close()
+	defer client.Close(context.Background())
 	locker := lockotel.WrapLocker(client.Locker(), lockotel.WithBackend("memlock"))
 	defer locker.StopEvents()
 	ctx := context.Background()
@@ -45,7 +45,7 @@ func Example() {
 func ExampleWrapSemaphore() {
 	store := memlock.New()
 	client, _ := store.NewClient()
-	defer client.Close()
+	defer client.Close(context.Background())
 	sem, _ := client.Semaphore(2)
 	wrapped := lockotel.WrapSemaphore(sem)
 	ctx := context.Background()

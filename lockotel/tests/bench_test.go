@@ -44,7 +44,7 @@ func BenchmarkOverhead(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { _ = c.Close() })
+		b.Cleanup(func() { _ = c.Close(context.Background()) })
 		return c.Locker()
 	}
 	b.Run("plain", func(b *testing.B) { run(b, newLocker(b)) })

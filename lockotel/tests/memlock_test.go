@@ -24,7 +24,7 @@ func memClient(t testing.TB, store *memlock.Store, opts ...memlock.Option) *meml
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
 }
 
@@ -221,7 +221,7 @@ func TestClosedCause(t *testing.T) {
 	if _, err := l.Lock(context.Background(), "a"); err != nil {
 		t.Fatal(err)
 	}
-	_ = c.Close()
+	_ = c.Close(context.Background())
 	eventually(t, 5*time.Second, "lease end with cause closed not recorded", func() bool {
 		return tl.sum(t, "latchkey.lease.ends", cause("closed")) == 1
 	})
@@ -454,7 +454,7 @@ func TestNoGoroutineOutlivesLeases(t *testing.T) {
 			store.Revoke(lease.Name())
 		}
 	}
-	_ = c.Close() // ends the third third
+	_ = c.Close(context.Background()) // ends the third third
 	eventually(t, within, "not every end recorded", func() bool { return tl.sum(t, "latchkey.lease.ends") == 30 })
 	goleak.VerifyNone(t, ignore)
 }
