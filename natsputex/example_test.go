@@ -27,7 +27,7 @@ func Example() {
 		log.Print(err)
 		return
 	}
-	defer client.Close()
+	defer client.Close(context.Background())
 
 	lease, err := client.Locker().Lock(ctx, "nightly-report")
 	if err != nil {
@@ -62,7 +62,7 @@ func ExampleClient_Supervisor() {
 		log.Print(err)
 		return
 	}
-	defer client.Close()
+	defer client.Close(context.Background())
 	sup, err := client.Supervisor(fmt.Sprintf("example-service-%d", time.Now().UnixNano()), "this-host", natsputex.Service{
 		Start: func(context.Context, uint64) error { fmt.Println("start the service"); return nil },
 		Stop:  func(context.Context) error { return nil },
