@@ -174,10 +174,12 @@ func WithSafetyMargin(d time.Duration) Option {
 	}
 }
 
-// WithHealthCheck sets a check run before every renewal (told [Active]; a
-// failure ends the lease at once and clears the key) and before taking a
-// key over from another holder (told [Standby]; a failure keeps waiting).
-// Its context ends after T. The default is no check.
+// WithHealthCheck sets a check run before every renewal round of the
+// client's leases, once for all of them (told [Active]; a failure ends
+// every one of them at once, then clears their keys), before every
+// renewal of a Supervisor's key, and before taking a key over from
+// another holder (told [Standby]; a failure keeps waiting). Its context
+// ends after T. The default is no check.
 func WithHealthCheck(hc HealthCheck) Option {
 	return func(o *options) error {
 		o.health = hc
