@@ -102,7 +102,17 @@ func (c *Client) renewLeases(ctx context.Context, batch []*driver.Lease) []drive
 		if l == nil {
 			continue
 		}
-		wg.Go(func() { out[i] = l.renew(ctx) })
+		wg.Go(func() {
+			out[i] = l.renew(ctx)
+			if out[i].Err == nil {
+				// Extended as soon as its own write is answered, not when
+				// the round's slowest write is: the deadline counts from
+				// this write's start, and a straggler must not end a lease
+				// whose renewal landed in time. The kit applies the same
+				// answer again at the end of the round.
+				l.Extend(out[i].Until)
+			}
+		})
 	}
 	wg.Wait()
 	return out
