@@ -32,7 +32,7 @@ func TestAttack2BucketLimits(t *testing.T) {
 		t.Helper()
 		c, err := natsputex.New(ctx, js, bucket, o...)
 		if err == nil {
-			_ = c.Close()
+			_ = c.Close(context.Background())
 			t.Errorf("New accepted bucket %q (%s)", bucket, what)
 			return
 		}
@@ -65,7 +65,7 @@ func TestAttack2BucketLimits(t *testing.T) {
 	if c, err := natsputex.New(ctx, js, short, natsputex.WithRenewInterval(100*time.Millisecond)); err != nil {
 		t.Errorf("New refused bucket with TTL 799ms for T + C·R = 400ms: %v", err)
 	} else {
-		_ = c.Close()
+		_ = c.Close(context.Background())
 	}
 	// A longer C alone (T = 600ms, C·R = 400ms) must be refused.
 	refuse(short, "TTL 799ms < T + C·R = 1s (C = 2)", natsputex.WithRenewInterval(200*time.Millisecond), natsputex.WithConfirmations(2))

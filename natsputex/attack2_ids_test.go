@@ -42,7 +42,7 @@ func TestAttack2UnprintableIDs(t *testing.T) {
 	for _, id := range bad {
 		c, err := natsputex.New(context.Background(), js, bucket, natsputex.WithHolderID(id))
 		if err == nil {
-			_ = c.Close()
+			_ = c.Close(context.Background())
 		}
 		if !errors.Is(err, locks.ErrInvalidOption) || !strings.Contains(err.Error(), "holder id") {
 			t.Errorf("WithHolderID(%q) (unicode.IsPrint false): New returned %v, want ErrInvalidOption", id, err)

@@ -83,7 +83,7 @@ func TestAttack2TryLockMixedTAfterCrash(t *testing.T) {
 		}
 		wg.Wait()
 		cancel()
-		_ = crashed.Close()
+		_ = crashed.Close(context.Background())
 		g.check(t)
 		writes.mu.Lock()
 		var last keyWrite

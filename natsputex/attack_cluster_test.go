@@ -90,7 +90,7 @@ func TestAttackClusterLeaderStopMidTakeover(t *testing.T) {
 	}
 	time.Sleep(3 * testR)
 	nc.Close() // the holder crashes
-	t.Cleanup(func() { _ = crashed.Close() })
+	t.Cleanup(func() { _ = crashed.Close(context.Background()) })
 	time.Sleep(time.Until(writes.lastWrite().Add(testF*testR - 30*time.Millisecond)))
 	stopped := time.Now()
 	cluster.Stop(leader)

@@ -89,7 +89,7 @@ func TestAttackTryLockRaceCrashed(t *testing.T) {
 	time.Sleep(2*testR + testR/2)
 	nc.Close()
 	crash := time.Now()
-	t.Cleanup(func() { _ = crashed.Close() })
+	t.Cleanup(func() { _ = crashed.Close(context.Background()) })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -237,7 +237,7 @@ func lostTakeoverReplyLocker(t *testing.T, dropFor time.Duration) {
 	time.Sleep(2 * testR)
 	proxy.armed.Store(true)
 	nc.Close() // crash
-	t.Cleanup(func() { _ = crashed.Close() })
+	t.Cleanup(func() { _ = crashed.Close(context.Background()) })
 	var fired time.Time
 	select {
 	case fired = <-proxy.fired:
@@ -329,7 +329,7 @@ func TestAttackCancelDuringConfirm(t *testing.T) {
 	}
 	time.Sleep(2 * testR)
 	nc.Close()
-	t.Cleanup(func() { _ = crashed.Close() })
+	t.Cleanup(func() { _ = crashed.Close(context.Background()) })
 	waiter := newTestClient(t, url, bucket, natsputex.WithConfirmations(C), natsputex.WithHolderID("waiter"))
 	ctx, cancel := context.WithTimeout(context.Background(), testF*testR+5*testR)
 	defer cancel()

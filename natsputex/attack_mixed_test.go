@@ -141,7 +141,7 @@ func TestAttackBucketWithTTL(t *testing.T) {
 		}
 		c, err := natsputex.New(ctx, js, bucket, opts...)
 		if err == nil {
-			_ = c.Close()
+			_ = c.Close(context.Background())
 			t.Fatalf("New accepted bucket %q whose TTL %v is shorter than T + C·R = 800ms", bucket, ttl)
 		}
 		t.Logf("TTL %v: %v", ttl, err)
@@ -164,7 +164,7 @@ func TestAttackBucketWithTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c, err := natsputex.New(ctx, js, full, opts...); err == nil {
-		_ = c.Close()
+		_ = c.Close(context.Background())
 		t.Errorf("New accepted bucket %q, which discards its oldest messages when full", full)
 	} else if !errors.Is(err, locks.ErrInvalidOption) || !strings.Contains(err.Error(), full) {
 		t.Errorf("New's refusal of a bucket that discards old messages: %v", err)

@@ -278,7 +278,7 @@ func TestAttackClientCloseUnderSupervisor(t *testing.T) {
 	b := startAgentWith(t, url, bucket, key, "node-b", "node-b", h, nil, natsputex.WithConfirmations(C))
 	time.Sleep(3 * testR)
 	closed := time.Now()
-	_ = ca.Close()
+	_ = ca.Close(context.Background())
 	var runErr error
 	select {
 	case runErr = <-done:

@@ -2,8 +2,6 @@ package natsputex
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -13,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
@@ -57,17 +54,15 @@ type Client struct {
 	st     store
 	bucket string
 	o      options
-
-	ctx    context.Context // cancelled by Close
-	cancel context.CancelFunc
+	reg    *driver.Registry // the client's leases, their renewal, its goroutines
 
 	mu     sync.Mutex
-	leases map[*lease]struct{}
-	blank  map[string]uint64 // keys this client left blank, at revision
-	// stopping counts watches being stopped in the background; Close
-	// waits for them. Add only under mu while the client is open.
-	stopping sync.WaitGroup
+	leases map[*driver.Lease]*lease // the live leases of the Locker and the Semaphores
+	blank  map[string]uint64        // keys this client left blank, at revision
 }
+
+// backend names natsputex in errors and events.
+const backend = "natsputex"
 
 // New returns a Client on bucket, creating the bucket if it does not exist
 // (with [WithReplicas] and [WithStorage]; an existing bucket is used as it
@@ -93,32 +88,34 @@ type Client struct {
 func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Option) (*Client, error) {
 	o, err := newOptions(opts)
 	if err != nil {
-		return nil, fmt.Errorf("natsputex: %w", err)
+		return nil, driver.Errorf(backend, "new", bucket, err)
 	}
 	if o.holderID == "" {
 		host, _ := os.Hostname()
 		o.holderID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	if err := buckets.Check(bucket); err != nil {
-		return nil, fmt.Errorf("natsputex: %w", err)
+		return nil, driver.Errorf(backend, "new", bucket, err)
 	}
 	if js == nil {
-		return nil, fmt.Errorf("natsputex: %w", driver.InvalidOption("nil JetStream"))
+		return nil, driver.Errorf(backend, "new", bucket, driver.InvalidOption("nil JetStream"))
 	}
 	kv, err := openBucket(ctx, js, bucket, &o)
 	if err != nil {
 		return nil, err
 	}
-	cctx, cancel := context.WithCancel(context.Background())
-	return &Client{
+	c := &Client{
 		st:     newStore(js, kv),
 		bucket: bucket,
 		o:      o,
-		ctx:    cctx,
-		cancel: cancel,
-		leases: make(map[*lease]struct{}),
+		leases: make(map[*driver.Lease]*lease),
 		blank:  make(map[string]uint64),
-	}, nil
+	}
+	c.reg, err = driver.NewRegistry(driver.Config{Backend: backend, RenewEvery: o.renewEvery(), Renew: c.renewLeases})
+	if err != nil {
+		return nil, driver.Errorf(backend, "new", bucket, err)
+	}
+	return c, nil
 }
 
 // openAttempt bounds one request of New's to JetStream: a request sent
@@ -144,7 +141,7 @@ func openBucket(ctx context.Context, js jetstream.JetStream, bucket string, o *o
 		}
 		cerr := ctx.Err()
 		if cerr == nil && !transient(err) {
-			return nil, fmt.Errorf("natsputex: bucket %q: %s: %w", bucket, what, err)
+			return nil, driver.Errorf(backend, "new", bucket, fmt.Errorf("%s: %w", what, err))
 		}
 		if cerr == nil || last == nil || !errors.Is(err, cerr) {
 			last = err
@@ -158,8 +155,8 @@ func openBucket(ctx context.Context, js jetstream.JetStream, bucket string, o *o
 			if last != nil && !errors.Is(last, context.DeadlineExceeded) {
 				answer = "last answer: " + last.Error()
 			}
-			return nil, fmt.Errorf("natsputex: bucket %q: waited %v for %s (stream %s) on %s: %s: %w",
-				bucket, time.Since(start).Round(time.Millisecond), what, stream, js.Conn().ConnectedUrlRedacted(), answer, cerr)
+			return nil, driver.Errorf(backend, "new", bucket, fmt.Errorf("waited %v for %s (stream %s) on %s: %s: %w",
+				time.Since(start).Round(time.Millisecond), what, stream, js.Conn().ConnectedUrlRedacted(), answer, cerr))
 		}
 	}
 }
@@ -234,10 +231,10 @@ func (o *options) checkBucket(bucket string, cfg jetstream.StreamConfig) error {
 // before they connect.
 func CheckSupervisor(bucket, key, token string, opts ...Option) error {
 	if _, err := newOptions(opts); err != nil {
-		return fmt.Errorf("natsputex: %w", err)
+		return driver.Errorf(backend, "new", bucket, err)
 	}
 	if err := buckets.Check(bucket); err != nil {
-		return fmt.Errorf("natsputex: %w", err)
+		return driver.Errorf(backend, "new", bucket, err)
 	}
 	_, err := (&Client{}).Supervisor(key, token, Service{})
 	return err
@@ -255,77 +252,18 @@ func (c *Client) HolderID() string { return c.o.holderID }
 // waiter takes it over.
 func (c *Client) TTL() time.Duration { return c.o.ttl() }
 
-// Close releases every lease the client holds (their contexts end with an
-// error matching [locks.ErrLost] and [locks.ErrClosed], then their keys are
-// blanked), makes waiting calls return and later calls fail with an error
-// matching [locks.ErrClosed]. It does not close the NATS connection. Close
-// is idempotent; it returns the errors of the blanks that failed, if any.
-func (c *Client) Close() error {
-	c.mu.Lock()
-	if c.ctx.Err() != nil {
-		c.mu.Unlock()
-		return nil
-	}
-	c.cancel()
-	held := make([]*lease, 0, len(c.leases))
-	for l := range c.leases {
-		held = append(held, l)
-	}
-	c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	cause := driver.Lost(fmt.Errorf("natsputex: client closed: %w", locks.ErrClosed))
-	var errs []error
-	defer c.stopping.Wait()
-	for _, l := range held {
-		l.End(cause) // a no-op for a lease lost earlier
-		_ = l.Release(ctx)
-		l.mu.Lock()
-		if l.blankErr != nil {
-			errs = append(errs, l.blankErr)
-		}
-		l.mu.Unlock()
-	}
-	return errors.Join(errs...)
-}
-
-// closedErr is the error of a call on a closed client.
-func (c *Client) closedErr(what string) error {
-	return fmt.Errorf("natsputex: %s: %w", what, locks.ErrClosed)
-}
-
-// bind returns ctx, also cancelled when the client closes.
-func (c *Client) bind(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(c.ctx, func() { cancel(locks.ErrClosed) })
-	return ctx, func() { stop(); cancel(nil) }
-}
-
-// newToken returns a value unique to one lease: the holder id, 8 random
-// bytes and the client's T, "id/0123456789abcdef/1.2s", so that a client
-// with a shorter T does not take the key over from this one (see
-// [tokenTTL]).
-func (c *Client) newToken() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return c.o.holderID + "/" + hex.EncodeToString(b[:]) + "/" + c.o.ttl().String()
-}
-
-// tokenTTL returns the T a Locker's token (see newToken) carries, or 0 if
-// token is not one (a Supervisor's token, a host name, carries none).
-func tokenTTL(token string) time.Duration {
-	i := strings.LastIndexByte(token, '/')
-	if i < 17 || token[i-17] != '/' {
-		return 0
-	}
-	if _, err := hex.DecodeString(token[i-16 : i]); err != nil {
-		return 0
-	}
-	d, err := time.ParseDuration(token[i+1:])
-	if err != nil || d <= 0 {
-		return 0
-	}
-	return d
+// Close ends every lease of the client with a cause matching
+// [locks.ErrLost] and [locks.ErrClosed], then blanks their keys (in
+// parallel, each conditional on its lease's last write), makes waiting
+// calls and running Supervisors return, and makes later calls fail with
+// an error matching [locks.ErrClosed]. It does not close the NATS
+// connection. Every wait is bounded by ctx: when ctx ends first, Close
+// returns an error matching ctx.Err() and the rest finishes in the
+// background. Close is idempotent (later calls return nil at once) and
+// safe for concurrent use; it returns the errors of the blanks that
+// failed, if any.
+func (c *Client) Close(ctx context.Context) error {
+	return c.reg.Close(ctx, nil)
 }
 
 // knownBlank returns the revision at which this client left key blank, if

@@ -50,7 +50,7 @@ func newClientOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, bucket str
 		nc.Close()
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close(); nc.Close() })
+	t.Cleanup(func() { _ = c.Close(context.Background()); nc.Close() })
 	return c
 }
 

@@ -6,7 +6,23 @@
 // [Semaphore] a [locks.Semaphore] (the N slots of a name are the keys
 // name.1 … name.N), and its [Supervisor] runs putex's pump on one key to
 // start and stop a service on at most one of several nodes; the command
-// natslock (cmd/natslock) wraps it. Leases implement [locks.SlotLease].
+// natslock (cmd/natslock) wraps it. Leases implement [locks.SlotLease]
+// (Slot is 0 for a lock, 1 to N for a semaphore) and have a Deadline
+// method: when the lease ends by itself unless a renewal lands first.
+//
+// The client is built on the backend kit (locks/driver): its leases are
+// registered with a [driver.Registry], which renews them together: every
+// renewal interval one round runs the health check once, then rewrites
+// the key of every live lease, the writes sent at once (NATS KV has no
+// multi-key compare-and-set). [Client.Close] ends and releases them all,
+// bounded by its context. [Locker] and [Semaphore] implement
+// [driver.Observable]: besides the kit's renewal events, a client reports
+// [driver.EventTakeover] when one of its calls (or Supervisors) takes a
+// key over from a silent holder, and [driver.EventConfirmation] when that
+// takeover is confirmed (Duration: the time since the takeover write).
+// The Locker and the Supervisor share one takeover-and-confirmation step
+// and one deadline machine, the kit's lease, extended by each write that
+// succeeds.
 //
 // # Protocol
 //

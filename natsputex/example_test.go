@@ -27,7 +27,7 @@ func Example() {
 		log.Print(err)
 		return
 	}
-	defer client.Close()
+	defer client.Close(ctx)
 
 	lease, err := client.Locker().Lock(ctx, "nightly-report")
 	if err != nil {
@@ -37,7 +37,19 @@ func Example() {
 	defer lease.Release(ctx)
 	// Work under lease.Context(): it ends if the lock is lost. Pass
 	// lease.Token() to the storage the report writes to.
-	fmt.Println("holding nightly-report, token > 0:", lease.Token() > 0)
+	if err := writeReport(lease.Context(), lease.Token()); err != nil {
+		log.Print(err)
+	}
+}
+
+// writeReport stands for work done under a lease: it stops when ctx ends
+// and hands token to the storage it writes to.
+func writeReport(ctx context.Context, token uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	fmt.Println("holding nightly-report, token > 0:", token > 0)
+	return nil
 }
 
 // Leader election: of all the agents running this, at most one runs the
@@ -62,7 +74,7 @@ func ExampleClient_Supervisor() {
 		log.Print(err)
 		return
 	}
-	defer client.Close()
+	defer client.Close(context.Background())
 	sup, err := client.Supervisor(fmt.Sprintf("example-service-%d", time.Now().UnixNano()), "this-host", natsputex.Service{
 		Start: func(context.Context, uint64) error { fmt.Println("start the service"); return nil },
 		Stop:  func(context.Context) error { return nil },

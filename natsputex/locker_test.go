@@ -152,7 +152,7 @@ func TestOptionLimits(t *testing.T) {
 	} {
 		c, err := natsputex.New(ctx, js, bucket, opts...)
 		if err == nil {
-			_ = c.Close()
+			_ = c.Close(context.Background())
 		}
 		if !errors.Is(err, locks.ErrInvalidOption) {
 			t.Errorf("New with an overflowing F·R or C·R = %v, want ErrInvalidOption", err)
@@ -208,7 +208,7 @@ func TestCloseEndsLeasesAndBlanksKeys(t *testing.T) {
 	}
 
 	closed := time.Now()
-	if err := closing.Close(); err != nil {
+	if err := closing.Close(context.Background()); err != nil {
 		t.Errorf("Close: %v", err)
 	}
 	for what, l := range map[string]locks.Lease{"lock": lease, "semaphore slot": slot} {

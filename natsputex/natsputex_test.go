@@ -60,7 +60,7 @@ func (c *client) Semaphore(_ context.Context, size int) (locks.Semaphore, error)
 	return c.c.Semaphore(size)
 }
 func (c *client) Close() error {
-	err := c.c.Close()
+	err := c.c.Close(context.Background())
 	c.nc.Close()
 	return err
 }
@@ -114,7 +114,7 @@ func prepareBucket(t testing.TB, urls, bucket string, opts ...natsputex.Option) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = c.Close()
+	_ = c.Close(context.Background())
 }
 
 func newHarnessFunc(urls, bucket string, opts ...natsputex.Option) contracttest.NewHarness {
@@ -222,7 +222,7 @@ func (h *harness) InvalidOptions(ctx context.Context) []error {
 	if err != nil {
 		return append(errs, err)
 	}
-	defer c.Close()
+	defer c.Close(context.Background())
 	_, err = c.Semaphore(0)
 	errs = append(errs, err)
 	_, err = c.Semaphore(natsputex.MaxSemaphoreSize + 1)

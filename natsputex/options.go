@@ -73,18 +73,20 @@ func (o *options) ttl() time.Duration { return time.Duration(o.failures) * o.ren
 // take over.
 func (o *options) validity() time.Duration { return o.ttl() - o.margin }
 
+// validUntil returns when a hold whose last successful write began at
+// start stops being trusted: start plus the validity. It is the deadline
+// of a Locker's lease and of a Supervisor's hold alike.
+func (o *options) validUntil(start time.Time) time.Time { return start.Add(o.validity()) }
+
+// timing returns the client's own T and C·R, as its values carry them.
+func (o *options) timing() timing {
+	return timing{o.ttl(), time.Duration(o.confirm) * o.renew}
+}
+
 // renewEvery returns how often a holder rewrites its token: every R, or
 // more often when R would not leave room for a second attempt within the
 // validity (F = 1, or a margin close to T).
 func (o *options) renewEvery() time.Duration { return min(o.renew, o.validity()/2) }
-
-// confirmSteps returns how many writes of renewEvery apart fill the C
-// intervals of R a new holder confirms a takeover for, or at least, if
-// longer, the holder's C·R (a Supervisor's value carries it).
-func (o *options) confirmSteps(atLeast time.Duration) int {
-	total, p := max(time.Duration(o.confirm)*o.renew, atLeast), o.renewEvery()
-	return int((total + p - 1) / p)
-}
 
 // minValidity is the shortest validity (T minus the margin) a client
 // accepts: no renewal to a broker completes faster.
@@ -172,10 +174,12 @@ func WithSafetyMargin(d time.Duration) Option {
 	}
 }
 
-// WithHealthCheck sets a check run before every renewal (told [Active]; a
-// failure ends the lease at once and clears the key) and before taking a
-// key over from another holder (told [Standby]; a failure keeps waiting).
-// Its context ends after T. The default is no check.
+// WithHealthCheck sets a check run before every renewal round of the
+// client's leases, once for all of them (told [Active]; a failure ends
+// every one of them at once, then clears their keys), before every
+// renewal of a Supervisor's key, and before taking a key over from
+// another holder (told [Standby]; a failure keeps waiting). Its context
+// ends after T. The default is no check.
 func WithHealthCheck(hc HealthCheck) Option {
 	return func(o *options) error {
 		o.health = hc
@@ -191,18 +195,16 @@ func WithHealthCheck(hc HealthCheck) Option {
 func printable(r rune) bool { return unicode.IsPrint(r) }
 
 // WithHolderID sets the identity written, with a random suffix per lease
-// and the client's T, as the value of every key the client holds. It must
-// be non-empty and printable ([unicode.IsPrint] of every character: no
-// newline, line separator or format character), else New returns an error
-// matching [locks.ErrInvalidOption]. The default is the host name and
-// process id.
+// and the client's T, as the value of every key the client holds. It is
+// checked by [driver.CheckHolderID], every backend's one rule (1 to 200
+// bytes, every character printable by [unicode.IsPrint]: no newline,
+// line separator or format character; none of '|', '{', '}'), else New
+// returns an error matching [locks.ErrInvalidOption]. The default is the
+// host name and process id.
 func WithHolderID(id string) Option {
 	return func(o *options) error {
 		o.holderID = id
-		if err := (driver.NameRule{What: "holder id", MaxLen: 200, Char: printable}).Check(id); err != nil {
-			return driver.InvalidOption("holder id: %v", err)
-		}
-		return nil
+		return driver.CheckHolderID(id)
 	}
 }
 

@@ -104,7 +104,7 @@ func TestNewSaysWhatItWaitedFor(t *testing.T) {
 	cl, err := natsputex.New(ctx, js, bucket, opts...)
 	took := time.Since(killed)
 	if err == nil {
-		_ = cl.Close()
+		_ = cl.Close(context.Background())
 		t.Skipf("New succeeded %v after the kill: the stream elected a leader sooner than nats-server's election timeout allows", took.Round(time.Millisecond))
 	}
 	t.Logf("New returned %v after the kill: %v", took.Round(time.Millisecond), err)
@@ -123,7 +123,7 @@ func TestNewSaysWhatItWaitedFor(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New after the kill, with 30 s: %v", err)
 	}
-	_ = cl.Close()
+	_ = cl.Close(context.Background())
 	t.Logf("New succeeded %v after the stream leader was killed", time.Since(killed).Round(time.Millisecond))
 }
 

@@ -39,7 +39,7 @@ func TestFreshLockTakesSilentKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc.Close() // the holder crashes: no release, no renewal
-	t.Cleanup(func() { _ = holder.Close() })
+	t.Cleanup(func() { _ = holder.Close(context.Background()) })
 	time.Sleep(T + r) // longer than T since its last write
 
 	fresh := newTestClient(t, url, bucket, opts...)

@@ -97,7 +97,7 @@ func secureClient(t *testing.T, url string, opts ...nats.Option) (*natsputex.Cli
 	defer cancel()
 	c, err := natsputex.New(ctx, js, "secure", natsputex.WithRenewInterval(testR))
 	if err == nil {
-		t.Cleanup(func() { _ = c.Close() })
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
 	}
 	return c, err
 }

@@ -160,7 +160,7 @@ func startAgentWith(t *testing.T, url, bucket, key, name, token string, h *contr
 	}
 	go func() {
 		err := a.sup.Run(ctx)
-		_ = c.Close()
+		_ = c.Close(context.Background())
 		a.done <- err
 	}()
 	t.Cleanup(a.stop)
@@ -451,7 +451,7 @@ func TestSupervisorBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	defer c.Close(context.Background())
 	for _, key := range []string{"", "a b", ".a", "a..b", "a*"} {
 		if _, err := c.Supervisor(key, "tok", natsputex.Service{}); !errors.Is(err, locksErrInvalidName) {
 			t.Errorf("Supervisor(%q) = %v, want ErrInvalidName", key, err)

@@ -205,7 +205,7 @@ func TestNewRefusesUnsafeCluster(t *testing.T) {
 		t.Helper()
 		cl, err := natsputex.New(ctx, js, bucket, opts...)
 		if err == nil {
-			_ = cl.Close()
+			_ = cl.Close(context.Background())
 			t.Fatalf("New on an R3 bucket of nats-server %s succeeded; want a refusal naming issue #4320", version)
 		}
 		if !errors.Is(err, natsputex.ErrUnsafeServer) {
@@ -235,7 +235,7 @@ func TestNewRefusesUnsafeCluster(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New with WithUnsafeServer: %v", err)
 	}
-	_ = cl.Close()
+	_ = cl.Close(context.Background())
 	if len(warned) != 1 || !errors.Is(warned[0], natsputex.ErrUnsafeServer) {
 		t.Errorf("WithUnsafeServer's warning: %v; want one error matching ErrUnsafeServer", warned)
 	}
@@ -244,7 +244,7 @@ func TestNewRefusesUnsafeCluster(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New on an R1 bucket of the same cluster: %v", err)
 	}
-	_ = cl.Close()
+	_ = cl.Close(context.Background())
 }
 
 // TestConformanceBinary runs the suite on a single node of the local

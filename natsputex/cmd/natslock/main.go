@@ -345,7 +345,7 @@ func supervise(ctx context.Context, cfg *config, logger *log.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer client.Close()
+	defer client.Close(context.WithoutCancel(ctx))
 	svc := reaper.Service(cfg.start, cfg.stop, observer(cfg, logger))
 	if cfg.verbose {
 		svc = timedService(svc, cfg, logger)

@@ -1,0 +1,191 @@
+package natsputex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
+)
+
+// lease is a held key: the kit's lease state machine, renewed by the
+// client's registry (see [Client.renewLeases]), and what natsputex keeps
+// of the key.
+type lease struct {
+	*driver.Lease
+	c     *Client
+	key   string
+	token string
+
+	mu  sync.Mutex
+	rev uint64 // revision of the last successful write
+}
+
+// handle is a lease as users see it: a [locks.SlotLease] with the
+// validity deadline, and nothing of the kit's side (Extend, End).
+type handle struct{ l *driver.Lease }
+
+var _ locks.SlotLease = handle{}
+
+func (h handle) Name() string                      { return h.l.Name() }
+func (h handle) Context() context.Context          { return h.l.Context() }
+func (h handle) Token() uint64                     { return h.l.Token() }
+func (h handle) Slot() int                         { return h.l.Slot() }
+func (h handle) Release(ctx context.Context) error { return h.l.Release(ctx) }
+
+// Deadline returns when the lease ends by itself unless a renewal lands
+// first: the start of its last successful write plus T minus the safety
+// margin.
+func (h handle) Deadline() time.Time { return h.l.Deadline() }
+
+// hold registers the lease for key, won at revision won (the fencing
+// token) and last written at rev by a write that started at start.
+func (c *Client) hold(ctx context.Context, op, name, key string, slot int, token string, won, rev uint64, start time.Time) (locks.Lease, error) {
+	l := &lease{c: c, key: key, token: token, rev: rev}
+	dl, err := c.reg.NewLease(ctx, driver.Spec{
+		Name:     name,
+		Token:    won,
+		Slot:     slot,
+		Deadline: c.o.validUntil(start),
+		Release:  l.release,
+	})
+	if err != nil {
+		// Closed meanwhile: blank what was won, unless a takeover
+		// confirmed it (then too: the confirmations are done).
+		_ = l.release(context.WithoutCancel(ctx))
+		return nil, c.reg.ErrClosed(op, name)
+	}
+	l.Lease = dl
+	if !l.Live() { // the write took longer than the validity
+		_ = l.Release(context.WithoutCancel(ctx))
+		return nil, &locks.HeldError{Name: name, Err: errors.New("natsputex: the winning write took longer than the lease's validity")}
+	}
+	c.mu.Lock()
+	c.leases[dl] = l
+	c.mu.Unlock()
+	context.AfterFunc(dl.Context(), func() {
+		c.mu.Lock()
+		delete(c.leases, dl)
+		c.mu.Unlock()
+	})
+	return handle{dl}, nil
+}
+
+// renewLeases is the client's [driver.RenewFunc]: one round for all its
+// live leases. It runs the health check once (told [Active]); a failure
+// ends every lease of the round, then blanks each key (one attempt), so
+// that a waiter takes over at once: the key is free only once its lease
+// is over. Otherwise it rewrites each key at its lease's last revision;
+// NATS KV has no multi-key compare-and-set, so the writes go out at
+// once, each in a goroutine of this round, and the round waits for all
+// of them. A write that fails ends its lease.
+func (c *Client) renewLeases(ctx context.Context, batch []*driver.Lease) []driver.Renewal {
+	out := make([]driver.Renewal, len(batch))
+	leases := c.leasesOf(batch)
+	if err := c.healthCheck(ctx, Active); err != nil {
+		for i, l := range leases {
+			if l == nil {
+				continue
+			}
+			out[i] = driver.Renewal{
+				Err:  driver.Lost(fmt.Errorf("%q: %w", l.Name(), err)),
+				Then: func() { c.abandon(l.key, l.token, l.lastRev()) },
+			}
+		}
+		return out
+	}
+	var wg sync.WaitGroup
+	for i, l := range leases {
+		if l == nil {
+			continue
+		}
+		wg.Go(func() {
+			out[i] = l.renew(ctx)
+			if out[i].Err == nil {
+				// Extended as soon as its own write is answered, not when
+				// the round's slowest write is: the deadline counts from
+				// this write's start, and a straggler must not end a lease
+				// whose renewal landed in time. The kit applies the same
+				// answer again at the end of the round.
+				l.Extend(out[i].Until)
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// leasesOf returns the client's leases behind batch, nil for one that
+// ended before the round (its answer is then empty).
+func (c *Client) leasesOf(batch []*driver.Lease) []*lease {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*lease, len(batch))
+	for i, dl := range batch {
+		out[i] = c.leases[dl]
+	}
+	return out
+}
+
+func (l *lease) lastRev() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rev
+}
+
+// renew rewrites the token at the last revision, bounded by T. Any
+// failure ends the lease.
+func (l *lease) renew(ctx context.Context) driver.Renewal {
+	c := l.c
+	ctx, cancel := context.WithTimeout(ctx, c.o.ttl())
+	defer cancel()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	start := time.Now()
+	rev, err := c.st.renew(ctx, l.key, l.token, l.rev)
+	if isConflict(err) {
+		// A conflict may answer this very write, applied all the same: a
+		// stream leader that lost its leadership answers it late, after
+		// the new leader stored it. The key still holding this lease's
+		// token (unique to it) at a later revision says so.
+		if r, rerr := c.st.read(ctx, l.key); rerr == nil && r.holder == l.token && r.rev > l.rev {
+			rev, err = r.rev, nil
+		}
+	}
+	if err != nil {
+		why := "renewal failed"
+		if isConflict(err) {
+			why = "the key was written by someone else"
+		}
+		return driver.Renewal{Err: driver.Lost(fmt.Errorf("%q: %s (key %q, revision %d): %w", l.Name(), why, l.key, l.rev, err))}
+	}
+	l.rev = rev
+	return driver.Renewal{Until: c.o.validUntil(start)}
+}
+
+// release blanks the key if it is still this lease's.
+func (l *lease) release(ctx context.Context) error {
+	ctx, cancel := l.c.opContext(ctx)
+	defer cancel()
+	nrev, err := l.c.st.clear(ctx, l.key, l.token, l.lastRev())
+	if err != nil {
+		return fmt.Errorf("blank %q: %w", l.key, err)
+	}
+	if nrev > 0 {
+		l.c.rememberBlank(l.key, nrev)
+	}
+	return nil
+}
+
+// abandon blanks key if it still holds token, with a context of its own:
+// the lease that wrote it has ended, maybe because its check failed.
+func (c *Client) abandon(key, token string, rev uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.o.ttl())
+	defer cancel()
+	if nrev, err := c.st.clear(ctx, key, token, rev); err == nil && nrev > 0 {
+		c.rememberBlank(key, nrev)
+	}
+}

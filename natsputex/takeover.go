@@ -1,0 +1,235 @@
+package natsputex
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
+)
+
+// This file holds the protocol's takeover step, which the Locker and the
+// Supervisor share (takeOver, confirmation, confirmWrite), and the
+// Locker's attempt on one key built on it.
+
+// takeOver writes value over the key as r shows it, and wins only if no
+// one wrote since r was read (see [store.claim]): the write that takes a
+// silent holder's key over, or (a Supervisor's) a key holding the agent's
+// own token that it does not hold. wctx bounds the write; it must not end
+// with the caller's context, since a write cut short may land all the
+// same. A win is reported as [driver.EventTakeover]; it returns the
+// revision of the write, the hold's fencing token, and when it began.
+func (c *Client) takeOver(wctx context.Context, name, key, value string, r record) (uint64, time.Time, error) {
+	start := time.Now()
+	rev, err := c.st.claim(wctx, key, value, r)
+	if err != nil {
+		return 0, start, err
+	}
+	c.reg.Emit(driver.Event{Kind: driver.EventTakeover, Name: name, Token: rev})
+	return rev, start, nil
+}
+
+// confirmation is a hold being confirmed after takeOver won it. Until
+// span has passed since the start of the hold's first write, every write
+// since having succeeded, the holder writes value: its token with the
+// longer T and C·R of its own and of the holder it displaced, so that
+// should it give up or die before it is done, the next taker waits and
+// confirms as long as the displaced holder counts on, along a chain of
+// confirmers too. A confirmation that is given up never blanks the key:
+// the displaced holder may still be using its lease (or stopping its
+// service); the next taker waits T without a write and confirms.
+type confirmation struct {
+	name, key string
+	won       uint64        // the revision of the takeover write: the hold's fencing token
+	since     time.Time     // when the takeover write began
+	span      time.Duration // how long it confirms: C·R, or the displaced holder's longer one
+	value     string        // what it writes until it is done
+}
+
+// confirmationOf returns the confirmation of the hold that the takeover
+// write of value at won, begun at start, won with timing tm (the longer
+// of the taker's own and the displaced holder's).
+func confirmationOf(name, key, value string, won uint64, start time.Time, tm timing) *confirmation {
+	return &confirmation{name: name, key: key, won: won, since: start, span: tm.confirm, value: value}
+}
+
+// due reports whether the confirmation has lasted its span at now: the
+// next write that succeeds confirms the hold.
+func (cf *confirmation) due(now time.Time) bool { return now.Sub(cf.since) >= cf.span }
+
+// confirmWrite makes one write of the hold cf confirms, at rev, the
+// revision of the hold's last write: value, which is cf.value until the
+// confirmation is due and then the one the caller writes from now on.
+// When due, the hold is confirmed by this write's success, which is
+// reported as [driver.EventConfirmation]. A failed write ends the
+// confirmation; the caller then leaves the key as it is (never blanks
+// it).
+func (c *Client) confirmWrite(wctx context.Context, cf *confirmation, value string, due bool, rev uint64) (uint64, error) {
+	nrev, err := c.st.renew(wctx, cf.key, value, rev)
+	if err == nil && due {
+		c.reg.Emit(driver.Event{Kind: driver.EventConfirmation, Name: cf.name, Token: cf.won, Duration: time.Since(cf.since)})
+	}
+	return nrev, err
+}
+
+// attempt is one try of a Lock or Acquire at one key.
+type attempt struct {
+	op, name, key string
+	i             int    // the key's index in the call's keys (and clocks)
+	slot          int    // the lease's slot: 0 for a lock, i+1 for a semaphore
+	token         string // the lease's token, if it wins
+}
+
+// held returns the answer of an attempt that found the key held by
+// holder: a [locks.HeldError] saying when to try again.
+func (a attempt) held(holder string, retry time.Duration, err error) *locks.HeldError {
+	return &locks.HeldError{Name: a.name, Holder: holder, RetryAfter: retry, Err: err}
+}
+
+// errorf wraps err in the call's error shape, saying what step failed.
+func (a attempt) errorf(step string, err error) error {
+	return driver.Errorf(backend, a.op, a.name, fmt.Errorf("%s %q: %w", step, a.key, err))
+}
+
+// tryKey makes one attempt at a key: over a blank it knows of, else by a
+// read, then taking a free key at once, or a silent one over.
+func (c *Client) tryKey(ctx context.Context, a attempt, cl *clocks, clock *serverClock) (locks.Lease, error) {
+	if lease, err, done := c.tryOverBlank(ctx, a, cl); done {
+		return lease, err
+	}
+	octx, cancel := c.opContext(ctx)
+	r, err := c.st.read(octx, a.key)
+	cancel()
+	if err != nil {
+		return nil, a.errorf("read", err)
+	}
+	quiet := cl.see(a.i, r.rev, r.at)
+	// The holder's timing counts when it is longer than this client's: a
+	// holder renews for its own T, and a taker-over that waited less
+	// could take a live holder's key between two of its renewals. A
+	// Locker's token carries its T, a Supervisor's value its T and C·R.
+	_, ht, _ := parseValue(r.holder)
+	cl.noteTiming(a.i, ht)
+	// A free key is taken at once, unless this call saw it vanish or its
+	// revision go back (the bucket made again) less than T ago: a holder
+	// of the key's past may still hold it, so it is taken as a held key,
+	// after T of silence.
+	if r.free() && !cl.rebornHold(a.i, c.o.ttl()) {
+		return c.takeFree(ctx, a, r)
+	}
+	if r.free() {
+		ht = cl.longest(a.i) // a holder of the key's past: the longest seen
+	}
+	T := max(c.o.ttl(), ht.ttl)
+	if quiet < T && !r.at.IsZero() && !cl.measured(a.i, r.rev) {
+		// The first sight of this write by this call (every TryLock's):
+		// ask the server how long ago it was stored, by its own clock,
+		// so that a key silent for T already is taken over now, not
+		// after this call has watched it for T. If the server cannot
+		// tell, this call's own clock counts alone.
+		octx, cancel := c.opContext(ctx)
+		now, err := clock.now(octx)
+		cancel()
+		if err == nil {
+			quiet = cl.backdate(a.i, r.rev, now.Sub(r.at))
+		}
+	}
+	if quiet < T {
+		return nil, a.held(r.holder, T-quiet, nil)
+	}
+	// The key has gone T without a write, by the server's clock or this
+	// call's own: the holder is presumed dead.
+	return c.takeSilent(ctx, a, r, ht)
+}
+
+// tryOverBlank writes over a blank this client left, or this call's
+// watch saw, without reading the key first: one round trip. done is false
+// when there is no such blank, or someone wrote since.
+func (c *Client) tryOverBlank(ctx context.Context, a attempt, cl *clocks) (lease locks.Lease, err error, done bool) {
+	blank, ok := c.knownBlank(a.key)
+	if !ok {
+		blank, ok = cl.takeBlank(a.i, c.o.ttl())
+	}
+	if !ok {
+		return nil, nil, false
+	}
+	start := time.Now()
+	octx, cancel := c.writeContext(ctx)
+	nrev, err := c.st.renew(octx, a.key, a.token, blank)
+	cancel()
+	switch {
+	case err == nil:
+		lease, err = c.hold(ctx, a.op, a.name, a.key, a.slot, a.token, nrev, nrev, start)
+		return lease, err, true
+	case isConflict(err):
+		return nil, nil, false
+	}
+	return nil, driver.Errorf(backend, a.op, a.name, err), true
+}
+
+// takeFree takes the free key r describes: held at once.
+func (c *Client) takeFree(ctx context.Context, a attempt, r record) (locks.Lease, error) {
+	start := time.Now()
+	octx, cancel := c.writeContext(ctx)
+	rev, err := c.st.claim(octx, a.key, a.token, r)
+	cancel()
+	switch {
+	case isConflict(err):
+		return nil, a.held(r.holder, 0, err)
+	case err != nil:
+		return nil, a.errorf("write", err)
+	}
+	return c.hold(ctx, a.op, a.name, a.key, a.slot, a.token, rev, rev, start)
+}
+
+// takeSilent takes over the key r describes, silent for T, whose holder's
+// value carried ht, and confirms the takeover (see [confirmation]) before
+// the lease is handed out. The last confirmation writes the lease's own
+// token.
+func (c *Client) takeSilent(ctx context.Context, a attempt, r record, ht timing) (locks.Lease, error) {
+	if err := c.healthCheck(ctx, Standby); err != nil {
+		return nil, a.held(r.holder, c.o.renew, err)
+	}
+	tm := c.o.timing().longer(ht)
+	value := a.token
+	if tm.confirm > 0 {
+		value = valueOf(a.token, tm)
+	}
+	octx, cancel := c.writeContext(ctx)
+	won, start, err := c.takeOver(octx, a.name, a.key, value, r)
+	cancel()
+	switch {
+	case isConflict(err):
+		return nil, a.held(r.holder, 0, err)
+	case err != nil:
+		return nil, a.errorf("take over", err)
+	}
+	cf := confirmationOf(a.name, a.key, value, won, start, tm)
+	rev := won
+	for done := tm.confirm == 0; !done; {
+		if err = sleepCtx(ctx, c.o.renewEvery()); err != nil {
+			break
+		}
+		due, next := cf.due(time.Now()), cf.value
+		if due {
+			next = a.token
+		}
+		start = time.Now()
+		octx, cancel := c.opContext(ctx)
+		rev, err = c.confirmWrite(octx, cf, next, due, rev)
+		cancel()
+		if err != nil {
+			break
+		}
+		done = due
+	}
+	switch {
+	case err == nil:
+		return c.hold(ctx, a.op, a.name, a.key, a.slot, a.token, won, rev, start)
+	case isConflict(err):
+		return nil, a.held(r.holder, 0, fmt.Errorf("lost the key while confirming the takeover: %w", err))
+	}
+	// Not blanked (see confirmation).
+	return nil, a.errorf("confirm takeover of", err)
+}
