@@ -70,7 +70,7 @@ func (o *options) callTimeoutFor() time.Duration {
 	return min(max(o.ttl/10, floor), maxDefaultCallTimeout)
 }
 
-// Option configures a [Locker]; see [New].
+// Option configures a [Client]; see [New].
 type Option func(*options) error
 
 // WithTTL sets how long each master keeps a key that its holder stopped
@@ -137,19 +137,17 @@ func WithBackoff(b locks.Backoff) Option {
 	}
 }
 
-// WithHolderID sets the readable part of the Locker's holder identity, as
+// WithHolderID sets the readable part of the Client's holder identity, as
 // reported in [locks.HeldError.Holder] and stored at the masters (a host
 // name and process id, say). Each lease still gets its own id (this one,
-// a random part drawn per Locker and a counter), so that two leases never
-// pass for one another. The id must be 1 to 200
-// printable bytes without '|'. The default is a random id.
+// a random part drawn per Client and a counter), so that two leases never
+// pass for one another. The id must pass [driver.CheckHolderID], the one
+// rule of every latchkey backend: 1 to 200 bytes of printable UTF-8,
+// without '|', '{' or '}'. The default is a random id.
 func WithHolderID(id string) Option {
 	return func(o *options) error {
 		o.holderID = id
-		if id == "" || len(id) > 200 || strings.ContainsAny(id, "|{}") || strings.IndexFunc(id, isControl) >= 0 {
-			return driver.InvalidOption("holder id must be 1 to 200 printable bytes without '|', '{' or '}', got %q", id)
-		}
-		return nil
+		return driver.CheckHolderID(id)
 	}
 }
 
