@@ -264,12 +264,15 @@ func (a *attempt) grant(ctx context.Context, extraFree, extraTaken []grant) (loc
 	}
 	// Victims to tell: those of the slot kept and of the others.
 	victims := c.victimsOf(a.grants)
-	lease, err := a.register(ctx, spec, len(victims) > 0)
+	lease, first, err := a.register(ctx, spec, len(victims) > 0)
 	if err != nil {
 		c.giveUp(ctx, cl, a.grants, a.others())
 		return nil, err
 	}
-	c.preloadRenew()
+	if first {
+		// The renewals start: the first round finds the script loaded.
+		c.preloadRenew()
+	}
 	e := &Lease{cl: cl, l: lease}
 	if len(victims) == 0 {
 		cl.markAckable()
@@ -279,23 +282,24 @@ func (a *attempt) grant(ctx context.Context, extraFree, extraTaken []grant) (loc
 }
 
 // register makes the claim a lease the Client renews, unless a thief's
-// notice came first (a [locks.HeldError]) or the Client is closing.
-func (a *attempt) register(ctx context.Context, spec driver.Spec, thief bool) (*driver.Lease, error) {
+// notice came first (a [locks.HeldError]) or the Client is closing. It
+// reports whether the lease is the Client's only one (first).
+func (a *attempt) register(ctx context.Context, spec driver.Spec, thief bool) (lease *driver.Lease, first bool, err error) {
 	c, cl := a.c, a.cl
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closing {
-		return nil, locks.ErrClosed
+		return nil, false, locks.ErrClosed
 	}
 	if cl.robbed != nil {
-		return nil, &locks.HeldError{Name: cl.name, Err: cl.robbed}
+		return nil, false, &locks.HeldError{Name: cl.name, Err: cl.robbed}
 	}
-	lease, err := c.reg.NewLease(ctx, spec)
+	lease, err = c.reg.NewLease(ctx, spec)
 	if err != nil {
-		return nil, locks.ErrClosed
+		return nil, false, locks.ErrClosed
 	}
 	cl.lease = lease
 	cl.victimsLive = thief
 	c.byLease[lease] = cl
-	return lease, nil
+	return lease, len(c.byLease) == 1, nil
 }
