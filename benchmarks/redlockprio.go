@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/latchkey-go/latchkey/redlockprio"
 	"github.com/redis/go-redis/v9"
@@ -92,34 +93,32 @@ func (s *redlockprioSystem) newClient(ctx context.Context, addrs []string, opts 
 	if err != nil {
 		return nil, err
 	}
-	ms := make([]redis.UniversalClient, len(cs))
-	for i, c := range cs {
-		ms[i] = c
-	}
-	l, err := redlockprio.New(ms, append([]redlockprio.Option{redlockprio.WithTTL(s.ttl)}, opts...)...)
+	rc, err := redlockprio.New(cs, append([]redlockprio.Option{redlockprio.WithTTL(s.ttl)}, opts...)...)
 	if err != nil {
 		_ = closeRedis(cs)
 		return nil, err
 	}
-	return &redlockprioClient{Locker: leaseLocker{l}, l: l, cs: cs}, nil
+	return &redlockprioClient{Locker: leaseLocker{rc.Locker()}, rc: rc, cs: cs}, nil
 }
 
 type redlockprioClient struct {
 	Locker
-	l  *redlockprio.Locker
+	rc *redlockprio.Client
 	cs []*redis.Client
 }
 
 func (c *redlockprioClient) Semaphore(_ context.Context, size int) (Locker, error) {
-	s, err := c.l.Semaphore(size)
+	s, err := c.rc.Semaphore(size)
 	if err != nil {
-		return nil, fmt.Errorf("redlockprio: semaphore: %w", err)
+		return nil, err
 	}
 	return semLocker{s}, nil
 }
 
 func (c *redlockprioClient) Close() error {
-	return errors.Join(c.l.Close(), closeRedis(c.cs))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // the bound Close had inside before
+	defer cancel()
+	return errors.Join(c.rc.Close(ctx), closeRedis(c.cs))
 }
 
 // dialAddrs is redisBase.dial on addrs (a proxy in place of a master):

@@ -64,12 +64,12 @@ func TestAttack2ImmediateAckWaiterInChain(t *testing.T) {
 				defer cancel2()
 			}
 			done2 := lockAsync(ctx2, clk, "p2", p2.l, name)
-			waitForHolder(t, addrs, name, p2.l.ID())
+			waitForHolder(t, addrs, name, p2.c.ID())
 			switch last {
 			case "p2 gives up then p0":
 				t.Logf("p2: %v", <-done2)
 			case "p2 closed then p0":
-				_ = p2.l.Close()
+				_ = p2.c.Close(context.Background())
 			}
 			l3, err := p3.l.Lock(ctx, name)
 			if err != nil {

@@ -54,7 +54,7 @@ func TestAttack2NoticeAfterVictimReleased(t *testing.T) {
 				tr <- res{l, err, time.Now()}
 			}()
 			waitSeen(t, notice.seen, "T's theft notice")
-			waitForHolder(t, addrs, name, th.l.ID())
+			waitForHolder(t, addrs, name, th.c.ID())
 			rerr := vl.Release(context.Background())
 			t.Logf("V's Release: %v", rerr)
 			opened := time.Now()

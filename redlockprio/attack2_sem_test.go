@@ -57,7 +57,7 @@ func TestAttack2SemaphoreFencingPerSlot(t *testing.T) {
 		} else {
 			a.proxies[2].Latency(w.slow2)
 		}
-		s, err := a.l.Semaphore(2)
+		s, err := a.c.Semaphore(2)
 		if err != nil {
 			t.Fatal(err)
 		}

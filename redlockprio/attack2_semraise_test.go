@@ -89,8 +89,8 @@ func TestAttack2SemaphoreWriteBackOnLosingSlot(t *testing.T) {
 	plantFor(t, addrs[0], name, 2, "y", 9, 20*time.Second)
 	plantFor(t, addrs[1], name, 2, "y", 9, 20*time.Second)
 	plantFor(t, addrs[2], name, 1, "x", 0, 1500*time.Millisecond)
-	semA, _ := a.l.Semaphore(2)
-	semB, _ := b.l.Semaphore(2)
+	semA, _ := a.c.Semaphore(2)
+	semB, _ := b.c.Semaphore(2)
 
 	type res struct {
 		l   locks.Lease
@@ -120,8 +120,8 @@ func TestAttack2SemaphoreWriteBackOnLosingSlot(t *testing.T) {
 		bRes <- res{l, err, time.Now()}
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for !(strings.HasPrefix(holderOfSlot(t, addrs[1], name, 1), b.l.ID()+":") &&
-		strings.HasPrefix(holderOfSlot(t, addrs[2], name, 1), b.l.ID()+":")) {
+	for !(strings.HasPrefix(holderOfSlot(t, addrs[1], name, 1), b.c.ID()+":") &&
+		strings.HasPrefix(holderOfSlot(t, addrs[2], name, 1), b.c.ID()+":")) {
 		if time.Now().After(deadline) {
 			for i, addr := range addrs {
 				t.Logf("master %d slot1 %q slot2 %q", i, holderOfSlot(t, addr, name, 1), holderOfSlot(t, addr, name, 2))

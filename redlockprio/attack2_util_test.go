@@ -16,7 +16,8 @@ import (
 // proxy. retries selects go-redis's default MaxRetries (3 retries) instead
 // of the tests' MaxRetries: -1.
 type atk2Locker struct {
-	l       *redlockprio.Locker
+	c       *redlockprio.Client
+	l       *redlockprio.Locker // c's
 	rcs     []*redis.Client
 	proxies []*testenv.Proxy
 }
@@ -36,13 +37,13 @@ func newAtk2Locker(t testing.TB, addrs []string, retries bool, opts ...redlockpr
 		a.rcs = append(a.rcs, rc)
 		ms = append(ms, rc)
 	}
-	l, err := redlockprio.New(ms, opts...)
+	c, err := redlockprio.New(ms, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	a.l = l
+	a.c, a.l = c, c.Locker()
 	t.Cleanup(func() {
-		_ = l.Close()
+		_ = c.Close(context.Background())
 		for _, rc := range a.rcs {
 			_ = rc.Close()
 		}

@@ -86,15 +86,15 @@ func TestAttackChainOf4MixedTTLs(t *testing.T) {
 				defer cancel()
 			}
 			done2 := lockAsync(waitCtx, clk, "p2", p2.l, name)
-			waitForHolder(t, addrs, name, p2.l.ID())
+			waitForHolder(t, addrs, name, p2.c.ID())
 			done3 := lockAsync(waitCtx, clk, "p3", p3.l, name)
-			waitForHolder(t, addrs, name, p3.l.ID())
+			waitForHolder(t, addrs, name, p3.c.ID())
 			switch last {
 			case "waiters give up then p0":
 				t.Logf("p2: %v; p3: %v", <-done2, <-done3)
 			case "waiters closed then p0":
-				_ = p2.l.Close()
-				_ = p3.l.Close()
+				_ = p2.c.Close(context.Background())
+				_ = p3.c.Close(context.Background())
 			}
 			l4, err := p4.l.Lock(ctx, name)
 			if err != nil {
@@ -178,7 +178,7 @@ func TestAttackChainVictimIgnoresContext(t *testing.T) {
 			ctx2, cancel2 := context.WithCancel(waitCtx)
 			defer cancel2()
 			done2 := lockAsync(ctx2, clk, "p2", p2.l, name)
-			waitForHolder(t, addrs, name, p2.l.ID())
+			waitForHolder(t, addrs, name, p2.c.ID())
 			switch last {
 			case "p2 gives up then p0":
 				err2 := <-done2
@@ -187,7 +187,7 @@ func TestAttackChainVictimIgnoresContext(t *testing.T) {
 				d <- err2
 				done2 = d
 			case "p2 closed then p0":
-				_ = p2.l.Close()
+				_ = p2.c.Close(context.Background())
 			}
 			var l3 locks.Lease
 			if last == "p3 steals, p2 gives up after" {
@@ -196,7 +196,7 @@ func TestAttackChainVictimIgnoresContext(t *testing.T) {
 					defer close(done3)
 					l3, err = p3.l.Lock(ctx, name)
 				}()
-				waitForHolder(t, addrs, name, p3.l.ID())
+				waitForHolder(t, addrs, name, p3.c.ID())
 				cancel2()
 				<-done3
 			} else {

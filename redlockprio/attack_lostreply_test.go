@@ -65,7 +65,7 @@ func TestAttackLostTheftReply(t *testing.T) {
 			_, err = tc.l.Lock(tctx, name)
 			cancel()
 			t.Logf("T's Lock: %v", err)
-			waitForHolder(t, addrs, name, tc.l.ID())
+			waitForHolder(t, addrs, name, tc.c.ID())
 			for _, px := range tc.proxies {
 				px.Restore()
 			}

@@ -43,9 +43,9 @@ func TestAttackRestartEmptyMidTheft(t *testing.T) {
 			tctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			done2 := lockAsync(tctx, clk, "T", tc.l, name)
-			waitForHolder(t, addrs, name, tc.l.ID())
+			waitForHolder(t, addrs, name, tc.c.ID())
 			if last != "H steals" {
-				_ = tc.l.Close()
+				_ = tc.c.Close(context.Background())
 			}
 			if err := servers[0].Restart(); err != nil {
 				t.Fatal(err)

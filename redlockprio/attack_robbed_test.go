@@ -63,7 +63,7 @@ func TestAttackRobbedWaitingLockKeepsWaiting(t *testing.T) {
 				}
 				done <- result{err, at, ctxErr}
 			}()
-			waitForHolder(t, addrs, name, tc.l.ID())
+			waitForHolder(t, addrs, name, tc.c.ID())
 			if strings.HasPrefix(how, "master 0") {
 				if err := servers[0].Restart(); err != nil {
 					t.Fatal(err)
@@ -215,7 +215,7 @@ func TestAttackCancelledLockAfterRobbery(t *testing.T) {
 			}
 			done <- result{err, ctxErr}
 		}()
-		waitForHolder(t, addrs, name, tc.l.ID())
+		waitForHolder(t, addrs, name, tc.c.ID())
 		hl, err := h.l.Lock(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -238,7 +238,7 @@ func TestAttackCancelledLockAfterRobbery(t *testing.T) {
 		if r.err != nil {
 			time.Sleep(300 * time.Millisecond) // let a cleanup finish
 			for i, a := range addrs {
-				if id := holderOf(t, a, name); strings.HasPrefix(id, tc.l.ID()+":") {
+				if id := holderOf(t, a, name); strings.HasPrefix(id, tc.c.ID()+":") {
 					t.Errorf("round %d: T's failed Lock left its key on master %d (\"holds nothing\")", round, i)
 				}
 			}

@@ -35,12 +35,13 @@ func TestAttackSameServerBehindProxy(t *testing.T) {
 				rcs = append(rcs, rc)
 				ms = append(ms, rc)
 			}
-			l, err := redlockprio.New(ms, redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew))
+			lc, err := redlockprio.New(ms, redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew))
 			if err != nil {
 				t.Fatal(err)
 			}
+			l := lc.Locker()
 			t.Cleanup(func() {
-				_ = l.Close()
+				_ = lc.Close(context.Background())
 				for _, rc := range rcs {
 					_ = rc.Close()
 				}

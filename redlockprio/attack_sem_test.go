@@ -38,7 +38,7 @@ func TestAttackSemaphoreChainMixedTTLs(t *testing.T) {
 			ctx := ctxFor(t, 20*time.Second)
 			var wg sync.WaitGroup
 			hold := func(who string, c *client, cut func(), ignore bool) {
-				sem, err := c.l.Semaphore(2)
+				sem, err := c.c.Semaphore(2)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -73,7 +73,7 @@ func TestAttackSemaphoreChainMixedTTLs(t *testing.T) {
 			wg.Go(func() {
 				tctx, cancel := context.WithTimeout(ctx, 8*time.Second)
 				defer cancel()
-				sem, _ := tc.l.Semaphore(2)
+				sem, _ := tc.c.Semaphore(2)
 				l, err := sem.Acquire(tctx, name)
 				if err != nil {
 					t.Logf("T: %v", err)
@@ -91,7 +91,7 @@ func TestAttackSemaphoreChainMixedTTLs(t *testing.T) {
 				c   *client
 			}{{"H1", h1}, {"H2", h2}} {
 				wg.Go(func() {
-					sem, _ := h.c.l.Semaphore(2)
+					sem, _ := h.c.c.Semaphore(2)
 					l, err := sem.Acquire(ctx, name)
 					if err != nil {
 						t.Errorf("%s: %v", h.who, err)

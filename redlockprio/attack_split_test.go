@@ -105,7 +105,7 @@ func TestAttackSplitVoteThievesThenHigher(t *testing.T) {
 			for i := range 3 {
 				holder := holderOf(t, addrs[i], name)
 				t.Logf("thief %d: %v; master %d held by %q", i, errs[i], i, holder)
-				split = split && strings.HasPrefix(holder, thieves[i].l.ID()+":")
+				split = split && strings.HasPrefix(holder, thieves[i].c.ID()+":")
 			}
 			if !split {
 				t.Skip("the vote did not split as arranged")

@@ -57,12 +57,13 @@ func runMixedContention(t *testing.T, addrs []string, cfg []atkMixed, d time.Dur
 				t.Cleanup(func() { _ = rc.Close() })
 				ms = append(ms, rc)
 			}
-			l, err := redlockprio.New(ms, atkOpts(c.ttl, c.drift, c.prio)...)
+			lc, err := redlockprio.New(ms, atkOpts(c.ttl, c.drift, c.prio)...)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = l.Close() })
-			cl = &client{l: l}
+			l := lc.Locker()
+			t.Cleanup(func() { _ = lc.Close(context.Background()) })
+			cl = &client{c: lc, l: l}
 		}
 		warm(t, cl.l)
 		r := rand.New(rand.NewPCG(uint64(i), 7))
@@ -195,13 +196,14 @@ func TestAttackFailedAttemptWithRefusingMasterDoesNotStallThief(t *testing.T) {
 		rcs = append(rcs, rc)
 		ms = append(ms, rc)
 	}
-	low, err := redlockprio.New(ms, redlockprio.WithPriority(1),
+	lowC, err := redlockprio.New(ms, redlockprio.WithPriority(1),
 		redlockprio.WithTTL(3*time.Second), redlockprio.WithRenewInterval(900*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
+	low := lowC.Locker()
 	t.Cleanup(func() {
-		_ = low.Close()
+		_ = lowC.Close(context.Background())
 		for _, rc := range rcs {
 			_ = rc.Close()
 		}
@@ -225,7 +227,7 @@ func TestAttackFailedAttemptWithRefusingMasterDoesNotStallThief(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the low attempt never cleaned up")
 	}
-	if got := holderOf(t, addrs[2], name); !strings.HasPrefix(got, low.ID()+":") {
+	if got := holderOf(t, addrs[2], name); !strings.HasPrefix(got, lowC.ID()+":") {
 		t.Fatalf("master 2's key is %q's, want the failed attempt's", got)
 	}
 	unplant(t, addrs[0], name, 1)

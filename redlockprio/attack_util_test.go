@@ -113,7 +113,10 @@ func (c *atkClock) end(s *atkSection, l locks.Lease) {
 func (c *atkClock) check(t testing.TB) int {
 	t.Helper()
 	c.mu.Lock()
-	secs := append([]*atkSection(nil), c.secs...)
+	secs := make([]atkSection, len(c.secs)) // copies: begin's goroutines write ctxEnd under c.mu
+	for i, s := range c.secs {
+		secs[i] = *s
+	}
 	c.mu.Unlock()
 	sort.Slice(secs, func(i, j int) bool { return secs[i].granted < secs[j].granted })
 	bad := 0

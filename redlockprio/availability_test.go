@@ -41,12 +41,13 @@ func TestRefusingMinorityIsContention(t *testing.T) {
 				t.Cleanup(func() { _ = rc.Close() })
 				ms = append(ms, rc)
 			}
-			bl, err := redlockprio.New(ms, redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew))
+			blC, err := redlockprio.New(ms, redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew))
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = bl.Close() })
-			b := &client{l: bl}
+			bl := blC.Locker()
+			t.Cleanup(func() { _ = blC.Close(context.Background()) })
+			b := &client{c: blC, l: bl}
 			warm(t, b.l)
 			name := uniqueName(t)
 			ctx := ctxFor(t, 15*time.Second)

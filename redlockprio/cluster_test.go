@@ -69,9 +69,9 @@ func newClusterClient(addr string) *redis.ClusterClient {
 	return redis.NewClusterClient(clientOptions(addr).Cluster())
 }
 
-// clusterLocker makes a Locker over its own cluster clients, one per
-// cluster; the Locker is closed, then the clients, at the end of the test.
-func clusterLocker(t testing.TB, addrs []string, opts ...redlockprio.Option) (*redlockprio.Locker, []*redis.ClusterClient) {
+// clusterClient makes a Client over its own cluster clients, one per
+// cluster; the Client is closed, then the clients, at the end of the test.
+func clusterClient(t testing.TB, addrs []string, opts ...redlockprio.Option) (*redlockprio.Client, []*redis.ClusterClient) {
 	t.Helper()
 	var ccs []*redis.ClusterClient
 	var ms []redis.UniversalClient
@@ -81,14 +81,14 @@ func clusterLocker(t testing.TB, addrs []string, opts ...redlockprio.Option) (*r
 		ccs = append(ccs, cc)
 		ms = append(ms, cc)
 	}
-	l, err := redlockprio.New(ms, append([]redlockprio.Option{
+	lc, err := redlockprio.New(ms, append([]redlockprio.Option{
 		redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew),
 	}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = l.Close() })
-	return l, ccs
+	t.Cleanup(func() { _ = lc.Close(context.Background()) })
+	return lc, ccs
 }
 
 // TestClusterClientMasters: masters may be *redis.ClusterClient's. On
@@ -110,8 +110,9 @@ func TestClusterClientMasters(t *testing.T) {
 
 func testClusterClientMasters(t *testing.T, addrs []string) {
 	slow := locks.Backoff{Min: 5 * time.Second, Max: 5 * time.Second}
-	a, accs := clusterLocker(t, addrs)
-	b, bccs := clusterLocker(t, addrs, redlockprio.WithBackoff(slow))
+	ac, accs := clusterClient(t, addrs)
+	bc, bccs := clusterClient(t, addrs, redlockprio.WithBackoff(slow))
+	a, b := ac.Locker(), bc.Locker()
 	ctx := ctxFor(t, 20*time.Second)
 
 	t.Run("lock, renew, release", func(t *testing.T) {
@@ -145,7 +146,8 @@ func testClusterClientMasters(t *testing.T, addrs []string) {
 	t.Run("contention", func(t *testing.T) {
 		// A holder with a long TTL: a waiter polls no later than when the
 		// holder's keys expire, and must not get the name that way.
-		holder, _ := clusterLocker(t, addrs, redlockprio.WithTTL(10*time.Second), redlockprio.WithRenewInterval(3*time.Second))
+		holderC, _ := clusterClient(t, addrs, redlockprio.WithTTL(10*time.Second), redlockprio.WithRenewInterval(3*time.Second))
+		holder := holderC.Locker()
 		name := uniqueName(t)
 		first, err := holder.TryLock(ctx, name)
 		if err != nil {
@@ -250,11 +252,11 @@ func testClusterClientMasters(t *testing.T, addrs []string) {
 
 	t.Run("semaphore of 2", func(t *testing.T) {
 		name := uniqueName(t)
-		sa, err := a.Semaphore(2)
+		sa, err := ac.Semaphore(2)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sb, err := b.Semaphore(2)
+		sb, err := bc.Semaphore(2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,8 +293,8 @@ func testClusterClientMasters(t *testing.T, addrs []string) {
 	})
 
 	// The Lockers never close the clients they were given.
-	_ = a.Close()
-	_ = b.Close()
+	_ = ac.Close(context.Background())
+	_ = bc.Close(context.Background())
 	for i, cc := range append(accs, bccs...) {
 		if err := cc.Ping(ctx).Err(); err != nil {
 			t.Errorf("cluster client %d after Locker.Close: PING = %v", i, err)

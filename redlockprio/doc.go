@@ -4,16 +4,25 @@
 //
 // [New] takes one go-redis client per master (N ≥ 1, N = 2 only with
 // [WithTwoMasters], since two masters tolerate no failure; each may be a
-// *redis.Client or a *redis.ClusterClient) and returns a [Locker], which
-// implements [locks.Locker]; [Locker.Semaphore] returns a [Semaphore]
-// ([locks.Semaphore]) whose leases implement [locks.SlotLease]. Leases are
-// [*Lease] values. Invalid names (empty, not UTF-8, control characters,
+// *redis.Client or a *redis.ClusterClient, and a []*redis.Client is taken
+// as it is) and returns a [Client]. [Client.Locker] returns its [Locker],
+// which implements [locks.Locker]; [Client.Semaphore] returns a
+// [Semaphore] ([locks.Semaphore]) of 1 to [MaxSemaphoreSize] slots per
+// name. Leases are [*Lease] values, which implement [locks.SlotLease]
+// (Slot is 0 for a Locker's lease, 1 to size for a Semaphore's). The
+// Locker and Semaphores implement [driver.Observable]: they report
+// [driver.EventQuorumError] (one per failing master of a step),
+// [driver.EventTheft] and [driver.EventAckWait] besides the kit's renewal
+// events. [Client.Close] ends and releases every lease, bounded by its
+// context. Errors have the one shape of [driver.Errorf]
+// ("redlockprio: lock \"jobs\": …"), and a closed Client's calls fail with
+// an error matching [locks.ErrClosed]. Invalid names (empty, not UTF-8, control characters,
 // '{' or '}', over 1024 bytes) give [locks.ErrInvalidName] and invalid
 // options [locks.ErrInvalidOption], before any I/O; so does a TTL too
 // short for a step's calls ((TTL − drift)/2 under 5ms, a TTL under about
 // 12ms). Two masters that are one server (the same address twice,
 // 127.0.0.1 and localhost) are found on first contact: each master
-// writes its index to a key of the Locker's own unless another master's
+// writes its index to a key of the Client's own unless another master's
 // index is there already, atomically, so two clients of one server (or
 // of one cluster node) see each other's. Every acquisition then fails
 // with an error matching [locks.ErrInvalidOption] naming both; until a
@@ -48,14 +57,14 @@
 // they split (TestPausedMinorityUnderContention; lockbench's
 // hung-minority scenario). A semaphore's acquisition waits for every
 // master but such stragglers, as they may pick different slots. The other masters' calls finish in the background, and at
-// each master the Locker's calls about a name are made in the order it
+// each master the Client's calls about a name are made in the order it
 // issued them (a lease's release never overtakes its acquire there, nor
 // the next acquire its release). An attempt
 // that does not win a quorum deletes whatever it got, except where it
 // displaced a lower priority (see Priorities and theft). Errors say which
 // masters failed: a [*QuorumError] unwraps to one error per master.
 //
-// Every lease is renewed in the background: all the leases of one Locker
+// Every lease is renewed in the background: all the leases of one Client
 // in one pipeline per master per tick ([WithRenewInterval]), from one
 // goroutine that exits when no lease is held. Renewal extends a key only
 // while it still holds the lease's unique holder id, so a stale holder
@@ -147,7 +156,7 @@
 // priorities never steal. On a theft the script returns the displaced
 // holder's id, priority, remaining PTTL and inbox channel. Having won a
 // quorum, the thief publishes a notice on the victim's inbox (one Redis
-// pub/sub connection per master per Locker carries every inbox and release
+// pub/sub connection per master per Client carries every inbox and release
 // channel) naming its own inbox as the reply channel. The victim's lease
 // context ends at once with [locks.ErrPreempted] (also matching
 // [locks.ErrLost]), and it acknowledges once its holder has let go
@@ -169,7 +178,7 @@
 // earlier victim in the chain, not only its direct one's
 // (TestChainOfThievesMixedTTLs: a 3s victim, a 600ms thief waiting for
 // it, and a higher 600ms thief, or a priority-0 Lock after the waiting
-// thief's Locker closed, get the name only after the first victim's
+// thief's Client closed, get the name only after the first victim's
 // deadline). The drift allowance of a wait is the waiter's drift factor
 // times the wait, plus 2ms (at least its own TTL's allowance), so a long
 // wait gets a long allowance whatever the waiter's TTL. The cost: a
@@ -178,7 +187,7 @@
 //
 // The acknowledgement means the victim's code has let go: it is sent
 // when the victim calls [Lease.Release] (which [locks.Do] does when its
-// function returns), when its Locker closes, or when its validity runs
+// function returns), when its Client closes, or when its validity runs
 // out, whichever comes first — not when its context ends, since work
 // under way (a write already sent, a step that does not check its
 // context) may still run then (TestAcknowledgementWaitsForRelease). A
@@ -196,7 +205,7 @@
 // priority does not wait for it (TestFailedAttemptDoesNotStallThief).
 // A master whose call was never sent counts as such an answer: it took
 // nothing. That is a call the step ended before making (a master not yet
-// verified, the wait for the Locker's previous call there), and a call
+// verified, the wait for the Client's previous call there), and a call
 // whose dial failed — refused, unreachable (a *net.OpError with Op
 // "dial", which go-redis also returns at once while its pool remembers
 // the last failed dial) — or that got no connection from the pool, when
@@ -220,7 +229,7 @@
 // does it delete it (TestFailedTheftTellsItsVictim,
 // TestSemaphoreTheftInLosingSlotTellsVictim). Deleting it at once would
 // let a third client take the name while the victim still runs. When the
-// Locker is closed meanwhile, such keys — and those of a thief still
+// Client is closed meanwhile, such keys — and those of a thief still
 // waiting — are left to expire: set after the victim's, they outlast its
 // validity (TestCloseKeepsWaitingThiefKeys). An attempt whose context
 // ended before the answers came cannot know whom it displaced: it keeps
@@ -229,7 +238,7 @@
 // about them — for its TTL or the longest PTTL it has seen on another
 // holder's key, whichever is longer, plus the drift allowance — so that
 // thief waits them out (TestTimedOutTheftKeepsVictimsName). (A holder
-// whose TTL is longer than any this Locker has seen, displaced by an
+// whose TTL is longer than any this Client has seen, displaced by an
 // answer that was lost, is the one case this bound does not cover: the
 // thief that displaces that key again still reads its PTTL, and waits
 // it out unless acknowledged earlier.)
@@ -252,7 +261,7 @@
 // A release publishes the holder id on the name's channel
 // ({name}:released) at every master it reaches, whether or not the key
 // was still there; waiting Locks subscribe to it (multiplexed on the
-// Locker's pub/sub connections, read without an intermediate goroutine)
+// Client's pub/sub connections, read without an intermediate goroutine)
 // and retry at once when a quorum of masters has announced the same
 // release: an attempt started on the first announcement would mostly find
 // the name still held on the others. A subscription outlives its last
@@ -301,13 +310,13 @@
 //
 // # Connections
 //
-// The Locker never closes the clients it is given. Give them
+// The Client never closes the clients it is given. Give them
 // ContextTimeoutEnabled: true so that a hung master cannot hold a call
-// beyond the call timeout ([WithCallTimeout]); without it, the Locker
+// beyond the call timeout ([WithCallTimeout]); without it, the Client
 // still stops waiting at the call timeout, and the client's read timeout
 // ends the call. Give them MaxRetries: -1 (MaxRedirects: -1 for a
 // ClusterClient), as the tests do, so that a refused dial tells the
-// Locker that the master took nothing (see Priorities and theft). With one
+// Client that the master took nothing (see Priorities and theft). With one
 // master whose client has ContextTimeoutEnabled, calls run on the calling
 // goroutine (its answer is the outcome: there is nothing to wait for in
 // parallel): a context's deadline still ends them, but a plain

@@ -18,7 +18,7 @@ type QuorumError struct {
 
 func (e *QuorumError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "redlockprio: quorum not reached: %d of %d needed", e.Got, e.Need)
+	fmt.Fprintf(&b, "quorum not reached: %d of %d needed", e.Got, e.Need)
 	for i, err := range e.Errs {
 		if i == 0 {
 			b.WriteString(": ")

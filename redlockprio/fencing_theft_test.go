@@ -312,7 +312,7 @@ func TestHeldAnswerDoesNotRecordToken(t *testing.T) {
 	// B takes master 2 (counter 34); its calls to masters 0 and 1 are held.
 	bDone, bReturned := r.lock(ctx, "B (priority 2)", r.b, letGo)
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.HasPrefix(holderOf(t, r.addrs[2], r.name), r.b.l.ID()+":") {
+	for !strings.HasPrefix(holderOf(t, r.addrs[2], r.name), r.b.c.ID()+":") {
 		if time.Now().After(deadline) {
 			t.Fatal("B did not take master 2")
 		}

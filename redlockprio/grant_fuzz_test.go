@@ -25,7 +25,7 @@ func FuzzParseGrant(f *testing.F) {
 		if n%11 == 10 {
 			vals = []any{holder, slot, nil}
 		}
-		g, err := parseGrant(result{val: vals}, size, time.Second)
+		g, err := parseGrant(answer{val: vals}, size, time.Second)
 		if err != nil {
 			return
 		}

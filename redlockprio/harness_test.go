@@ -55,19 +55,20 @@ type harness struct {
 
 type client struct {
 	rcs    []*redis.Client
-	l      *redlockprio.Locker
+	c      *redlockprio.Client
+	l      *redlockprio.Locker // c's
 	closed sync.Once
 }
 
 func (c *client) Locker() locks.Locker { return c.l }
 func (c *client) Semaphore(_ context.Context, size int) (locks.Semaphore, error) {
-	return c.l.Semaphore(size)
+	return c.c.Semaphore(size)
 }
 
 func (c *client) Close() error {
 	var err error
 	c.closed.Do(func() {
-		err = c.l.Close()
+		err = c.c.Close(context.Background())
 		for _, rc := range c.rcs {
 			_ = rc.Close() // already closed after a Kill
 		}
@@ -83,7 +84,7 @@ func newClient(addrs []string, opts ...redlockprio.Option) (*client, error) {
 		c.rcs = append(c.rcs, rc)
 		ms = append(ms, rc)
 	}
-	l, err := redlockprio.New(ms, append([]redlockprio.Option{
+	rc, err := redlockprio.New(ms, append([]redlockprio.Option{
 		redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew),
 	}, opts...)...)
 	if err != nil {
@@ -92,7 +93,7 @@ func newClient(addrs []string, opts ...redlockprio.Option) (*client, error) {
 		}
 		return nil, err
 	}
-	c.l = l
+	c.c, c.l = rc, rc.Locker()
 	return c, nil
 }
 
@@ -193,11 +194,11 @@ func (h *harness) InvalidOptions(context.Context) []error {
 		_, err := redlockprio.New(bad)
 		errs = append(errs, err)
 	}
-	l, err := redlockprio.New(ms)
+	c, err := redlockprio.New(ms)
 	if err == nil {
-		_, err = l.Semaphore(0)
+		_, err = c.Semaphore(0)
 		errs = append(errs, err)
-		_ = l.Close()
+		_ = c.Close(context.Background())
 	}
 	return errs
 }

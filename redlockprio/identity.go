@@ -9,57 +9,57 @@ import (
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
-// identLife is how long a master keeps a Locker's identity key.
+// identLife is how long a master keeps a Client's identity key.
 const identLife = time.Hour
 
-func (l *Locker) identKey() string { return l.o.prefix + "ident:{" + l.nonce + "}" }
+func (c *Client) identKey() string { return c.o.prefix + "ident:{" + c.nonce + "}" }
 
 // verify makes sure, on first contact with m, that m is a server of its
-// own: not one another master of the Locker reaches too (the same address
+// own: not one another master of the Client reaches too (the same address
 // twice, two names of one host). Each master writes its index to the
-// Locker's identity key unless the key is there already, atomically; a
+// Client's identity key unless the key is there already, atomically; a
 // master that finds another's index there is the same server as that
 // one. Until m is verified its answers do not count; once two masters are
-// found to be one server, the Locker refuses every acquisition with an
+// found to be one server, the Client refuses every acquisition with an
 // error matching [locks.ErrInvalidOption].
-func (l *Locker) verify(ctx context.Context, m *master) error {
-	if m.verified.Load() || len(l.masters) == 1 {
+func (c *Client) verify(ctx context.Context, m *master) error {
+	if m.verified.Load() || len(c.masters) == 1 {
 		return nil
 	}
-	if err := l.dup.Load(); err != nil {
+	if err := c.dup.Load(); err != nil {
 		return *err
 	}
-	v, err := runScript(ctx, identScript, m.c, []string{l.identKey()}, m.index, identLife.Milliseconds())
+	v, err := runScript(ctx, identScript, m.c, []string{c.identKey()}, m.index, identLife.Milliseconds())
 	if err != nil {
 		return err
 	}
 	first, ok := v.(int64)
 	if !ok {
-		return fmt.Errorf("redlockprio: unexpected identity reply %v", v)
+		return fmt.Errorf("unexpected identity reply %v", v)
 	}
 	if int(first) != m.index {
 		other := "?"
-		if first >= 0 && int(first) < len(l.masters) {
-			other = l.masters[first].addr
+		if first >= 0 && int(first) < len(c.masters) {
+			other = c.masters[first].addr
 		}
-		err := fmt.Errorf("redlockprio: master %d (%s) is the same server as master %d (%s): %w", m.index, m.addr, first, other,
+		err := fmt.Errorf("master %d (%s) is the same server as master %d (%s): %w", m.index, m.addr, first, other,
 			driver.InvalidOption("masters must be independent servers"))
-		l.dup.CompareAndSwap(nil, &err)
-		return *l.dup.Load()
+		c.dup.CompareAndSwap(nil, &err)
+		return *c.dup.Load()
 	}
 	m.verified.Store(true)
 	return nil
 }
 
 // dupErr returns the error that two masters are one server, or nil.
-func (l *Locker) dupErr() error {
-	if err := l.dup.Load(); err != nil {
+func (c *Client) dupErr() error {
+	if err := c.dup.Load(); err != nil {
 		return *err
 	}
 	return nil
 }
 
-// identify verifies every master once, on the Locker's first acquisition,
+// identify verifies every master once, on the Client's first acquisition,
 // so that two masters that are one server are refused before anything is
 // granted: it waits until every master has answered, or until a quorum
 // has been verified and the others have had as long again (10ms at
@@ -67,49 +67,49 @@ func (l *Locker) dupErr() error {
 // only the first acquisition, and little. Masters not verified then are
 // verified by the first step they answer (see verify); until then their
 // answers do not count.
-func (l *Locker) identify(ctx context.Context) error {
-	if len(l.masters) == 1 {
+func (c *Client) identify(ctx context.Context) error {
+	if len(c.masters) == 1 {
 		return nil
 	}
-	l.identOnce.Do(func() {
-		l.identDone = make(chan struct{})
-		l.identQuorum = make(chan struct{})
+	c.identOnce.Do(func() {
+		c.identDone = make(chan struct{})
+		c.identQuorum = make(chan struct{})
 		start := time.Now()
 		var once sync.Once
 		quorum := func() {
 			once.Do(func() {
-				l.identGrace = max(10*time.Millisecond, time.Since(start))
-				close(l.identQuorum)
+				c.identGrace = max(10*time.Millisecond, time.Since(start))
+				close(c.identQuorum)
 			})
 		}
-		if !l.goTracked(func() {
-			defer close(l.identDone)
-			calls, cancel := context.WithTimeout(context.Background(), l.callTO)
+		if !c.goTracked(func() {
+			defer close(c.identDone)
+			calls, cancel := context.WithTimeout(context.Background(), c.callTO)
 			defer cancel()
-			l.fanout(calls, l.masters, func(ctx context.Context, m *master) (any, error) {
-				return nil, l.verify(ctx, m)
-			}, fan{enough: func(rs []result) bool {
+			c.callMasters(calls, c.masters, func(ctx context.Context, m *master) (any, error) {
+				return nil, c.verify(ctx, m)
+			}, callPolicy{decides: func(rs []answer) bool {
 				n := 0
 				for _, r := range rs {
 					if r.err == nil {
 						n++
 					}
 				}
-				if n >= l.quorum {
+				if n >= c.quorum {
 					quorum()
 				}
-				return l.dupErr() != nil
+				return c.dupErr() != nil
 			}})
 		}) {
-			close(l.identDone)
+			close(c.identDone)
 		}
 	})
 	select {
-	case <-l.identDone:
-	case <-l.identQuorum:
-		t := time.NewTimer(l.identGrace)
+	case <-c.identDone:
+	case <-c.identQuorum:
+		t := time.NewTimer(c.identGrace)
 		select {
-		case <-l.identDone:
+		case <-c.identDone:
 		case <-t.C:
 		case <-ctx.Done():
 		}
@@ -117,5 +117,5 @@ func (l *Locker) identify(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return l.dupErr()
+	return c.dupErr()
 }

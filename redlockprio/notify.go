@@ -14,56 +14,56 @@ import (
 )
 
 // Notifications travel over Redis pub/sub, on every master, through one
-// PubSub connection per master per Locker, multiplexed:
-//   - the Locker's inbox channel carries theft notices
+// PubSub connection per master per Client, multiplexed:
+//   - the Client's inbox channel carries theft notices
 //     "N|victim id|reply channel|thief" and acknowledgements "A|victim id";
 //   - each name's release channel, subscribed while someone waits on the
 //     name, carries the release scripts' PUBLISH.
 
-// subscribeInbox subscribes the Locker's inbox on every master, once, and
+// subscribeInbox subscribes the Client's inbox on every master, once, and
 // waits until a quorum of masters confirmed (a thief publishes its notice
 // through every master it reaches, a quorum at least, and two quorums
 // share a master), a short time passed, or ctx ended: a dead or hung
 // minority does not delay acquisitions. The subscriptions
 // are made in the background: a master that does not answer cannot hold
 // the caller past ctx.
-func (l *Locker) subscribeInbox(ctx context.Context) error {
-	l.subOnce.Do(func() {
-		l.subMu.Lock()
-		defer l.subMu.Unlock()
-		for i, m := range l.masters {
+func (c *Client) subscribeInbox(ctx context.Context) error {
+	c.subOnce.Do(func() {
+		c.subMu.Lock()
+		defer c.subMu.Unlock()
+		for i, m := range c.masters {
 			ps := m.c.Subscribe(context.Background()) // no channel yet: no I/O
-			if !l.goTracked(func() {
+			if !c.goTracked(func() {
 				sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				_ = ps.Subscribe(sctx, l.inbox) // on error, Receive subscribes again
+				_ = ps.Subscribe(sctx, c.inbox) // on error, Receive subscribes again
 				cancel()
-				l.receive(i, ps)
+				c.receive(i, ps)
 			}) {
 				_ = ps.Close()
 				continue
 			}
-			l.pubsubs = append(l.pubsubs, ps)
+			c.pubsubs = append(c.pubsubs, ps)
 		}
-		l.goTracked(l.pingLoop)
-		limit := min(time.Second, l.o.ttl/4)
-		l.goTracked(func() {
+		c.goTracked(c.pingLoop)
+		limit := min(time.Second, c.o.ttl/4)
+		c.goTracked(func() {
 			t := time.NewTimer(limit)
 			defer t.Stop()
 			select {
 			case <-t.C:
-			case <-l.done:
-			case <-l.subQuorumAcked():
+			case <-c.done:
+			case <-c.subQuorumAcked():
 			}
-			l.subReadyOnce()
+			c.subReadyOnce()
 		})
 	})
 	select {
-	case <-l.subReady:
+	case <-c.subReady:
 		return nil
 	default:
 	}
 	select {
-	case <-l.subReady:
+	case <-c.subReady:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -72,22 +72,22 @@ func (l *Locker) subscribeInbox(ctx context.Context) error {
 
 // subQuorumAcked returns a channel closed once a quorum of masters
 // confirmed the inbox subscription.
-func (l *Locker) subQuorumAcked() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.subQuorum == nil {
-		l.subQuorum = make(chan struct{})
+func (c *Client) subQuorumAcked() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.subQuorum == nil {
+		c.subQuorum = make(chan struct{})
 	}
-	return l.subQuorum
+	return c.subQuorum
 }
 
-func (l *Locker) subReadyOnce() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+func (c *Client) subReadyOnce() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	select {
-	case <-l.subReady:
+	case <-c.subReady:
 	default:
-		close(l.subReady)
+		close(c.subReady)
 	}
 }
 
@@ -101,7 +101,7 @@ const pubsubPing = 3 * time.Second
 // crosses one goroutine switch, not three (go-redis's Channel forwards
 // each message through a goroutine of its own and wakes its health check
 // on every message).
-func (l *Locker) receive(i int, ps *redis.PubSub) {
+func (c *Client) receive(i int, ps *redis.PubSub) {
 	ctx := context.Background()
 	failures := 0
 	for {
@@ -114,7 +114,7 @@ func (l *Locker) receive(i int, ps *redis.PubSub) {
 				t := time.NewTimer(100 * time.Millisecond)
 				select {
 				case <-t.C:
-				case <-l.done:
+				case <-c.done:
 					t.Stop()
 					return
 				}
@@ -122,23 +122,23 @@ func (l *Locker) receive(i int, ps *redis.PubSub) {
 			continue
 		}
 		failures = 0
-		l.dispatch(i, msg)
+		c.dispatch(i, msg)
 	}
 }
 
-// pingLoop pings every PubSub each pubsubPing until the Locker closes.
-func (l *Locker) pingLoop() {
+// pingLoop pings every PubSub each pubsubPing until the Client closes.
+func (c *Client) pingLoop() {
 	t := time.NewTicker(pubsubPing)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
-		case <-l.done:
+		case <-c.done:
 			return
 		}
-		l.subMu.Lock()
-		pss := slices.Clone(l.pubsubs)
-		l.subMu.Unlock()
+		c.subMu.Lock()
+		pss := slices.Clone(c.pubsubs)
+		c.subMu.Unlock()
 		for _, ps := range pss {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			_ = ps.Ping(ctx)
@@ -148,37 +148,37 @@ func (l *Locker) pingLoop() {
 }
 
 // dispatch handles one message of master i's PubSub.
-func (l *Locker) dispatch(i int, msg any) {
+func (c *Client) dispatch(i int, msg any) {
 	switch msg := msg.(type) {
 	case *redis.Subscription:
-		if msg.Kind == "subscribe" && msg.Channel == l.inbox {
-			l.mu.Lock()
-			l.subAcked[i] = true
+		if msg.Kind == "subscribe" && msg.Channel == c.inbox {
+			c.mu.Lock()
+			c.subAcked[i] = true
 			n := 0
-			for _, ok := range l.subAcked {
+			for _, ok := range c.subAcked {
 				if ok {
 					n++
 				}
 			}
-			if n >= l.quorum && l.subQuorum == nil {
-				l.subQuorum = make(chan struct{})
+			if n >= c.quorum && c.subQuorum == nil {
+				c.subQuorum = make(chan struct{})
 			}
-			if n >= l.quorum {
+			if n >= c.quorum {
 				select {
-				case <-l.subQuorum:
+				case <-c.subQuorum:
 				default:
-					close(l.subQuorum)
+					close(c.subQuorum)
 				}
 			}
-			l.mu.Unlock()
+			c.mu.Unlock()
 		}
 	case *redis.Message:
-		if msg.Channel == l.inbox {
-			l.inboxMessage(msg.Payload)
+		if msg.Channel == c.inbox {
+			c.inboxMessage(msg.Payload)
 			return
 		}
-		l.mu.Lock()
-		if ws := l.watchers[msg.Channel]; ws != nil && ws.heard(i, msg.Payload, l.quorum, len(l.masters)) {
+		c.mu.Lock()
+		if ws := c.watchers[msg.Channel]; ws != nil && ws.heard(i, msg.Payload, c.quorum, len(c.masters)) {
 			for w := range ws.waiters {
 				select {
 				case w <- struct{}{}:
@@ -186,22 +186,22 @@ func (l *Locker) dispatch(i int, msg any) {
 				}
 			}
 		}
-		l.mu.Unlock()
+		c.mu.Unlock()
 	}
 }
 
-func (l *Locker) inboxMessage(payload string) {
+func (c *Client) inboxMessage(payload string) {
 	parts := strings.SplitN(payload, "|", 4)
 	switch {
 	case len(parts) == 2 && parts[0] == "A":
-		l.mu.Lock()
-		if ch := l.acks[parts[1]]; ch != nil {
+		c.mu.Lock()
+		if ch := c.acks[parts[1]]; ch != nil {
 			close(ch)
-			delete(l.acks, parts[1])
+			delete(c.acks, parts[1])
 		}
-		l.mu.Unlock()
+		c.mu.Unlock()
 	case len(parts) == 4 && parts[0] == "N":
-		l.notice(parts[1], parts[2], parts[3])
+		c.notice(parts[1], parts[2], parts[3])
 	}
 }
 
@@ -217,84 +217,84 @@ func (l *Locker) inboxMessage(payload string) {
 // acknowledged at once. A failed attempt that may have kept another
 // holder's key (see kept) gets no acknowledgement: that holder may still
 // run, so the thief must wait the key out.
-func (l *Locker) notice(vid, reply, thief string) {
-	l.mu.Lock()
-	e := l.entries[vid]
-	if until, ok := l.kept[vid]; e == nil && ok && time.Now().Before(until) {
-		l.mu.Unlock()
+func (c *Client) notice(vid, reply, thief string) {
+	c.mu.Lock()
+	cl := c.claims[vid]
+	if until, ok := c.kept[vid]; cl == nil && ok && time.Now().Before(until) {
+		c.mu.Unlock()
 		return
 	}
 	var (
-		base    *driver.Lease
-		settled chan struct{}
-		letGo   chan struct{}
-		cause   error
+		lease      *driver.Lease
+		ackable    chan struct{}
+		holderDone chan struct{}
+		cause      error
 	)
-	if e != nil {
-		cause = driver.Preempted(fmt.Errorf("redlockprio: %q taken by %s", e.name, thief))
-		if e.robbed == nil {
-			e.robbed = cause
+	if cl != nil {
+		cause = driver.Preempted(fmt.Errorf("%q taken by %s", cl.name, thief))
+		if cl.robbed == nil {
+			cl.robbed = cause
 		}
-		base, settled, letGo = e.base, e.settled, e.letGo
+		lease, ackable, holderDone = cl.lease, cl.ackable, cl.holderDone
 	}
-	l.mu.Unlock()
-	if base != nil {
-		base.End(cause)
+	c.mu.Unlock()
+	if lease != nil {
+		lease.End(cause)
 	}
-	l.goTracked(func() {
-		if settled != nil {
+	c.goTracked(func() {
+		if ackable != nil {
 			select {
-			case <-settled:
-			case <-l.done:
+			case <-ackable:
+			case <-c.done:
 				return
 			}
 		}
-		if base != nil && !l.o.immediate {
+		if lease != nil && !c.o.immediate {
 			// The holder's code may still be at work: wait for it to let
 			// go, at most until its validity ends (it can no longer
 			// renew: the thief holds the keys).
-			t := time.NewTimer(time.Until(base.Deadline()))
+			t := time.NewTimer(time.Until(lease.Deadline()))
 			select {
-			case <-letGo:
+			case <-holderDone:
 			case <-t.C:
-			case <-l.done:
+			case <-c.done:
 				t.Stop()
 				return
 			}
 			t.Stop()
 		}
-		l.publish(reply, "A|"+vid)
+		c.publish(reply, "A|"+vid)
 	})
 }
 
 // rememberKept records that the failed attempt id may have kept keys it
 // took from other holders, for as long as such a key can live (keptFor:
 // the key expires when its victim's lease would have).
-func (l *Locker) rememberKept(id string) { l.rememberKeptFor(id, l.keptFor()) }
+func (c *Client) rememberKept(id string) { c.rememberKeptFor(id, c.keptFor()) }
 
 // rememberKeptFor records that the failed attempt id may have kept keys
 // it took from other holders, for at least d.
-func (l *Locker) rememberKeptFor(id string, d time.Duration) {
+func (c *Client) rememberKeptFor(id string, d time.Duration) {
 	now := time.Now()
-	d = max(d, l.o.ttl)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for k, until := range l.kept {
+	d = max(d, c.o.ttl)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, until := range c.kept {
 		if now.After(until) {
-			delete(l.kept, k)
+			delete(c.kept, k)
 		}
 	}
-	if until := now.Add(d); until.After(l.kept[id]) {
-		l.kept[id] = until
+	if until := now.Add(d); until.After(c.kept[id]) {
+		c.kept[id] = until
 	}
 }
 
 // publish sends payload on channel through every master, in the
 // background.
-func (l *Locker) publish(channel, payload string) {
-	for _, m := range l.masters {
-		l.goTracked(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), max(l.o.ttl/2, time.Second))
+func (c *Client) publish(channel, payload string) {
+	for _, m := range c.masters {
+		c.goTracked(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), max(c.o.ttl/2, time.Second))
 			defer cancel()
 			_ = m.c.Publish(ctx, channel, payload).Err()
 		})
@@ -311,7 +311,7 @@ const watchLinger = time.Second
 // every master has announced (a master down, say).
 const maxHeard = 64
 
-// watchState is a release channel the Locker is subscribed to.
+// watchState is a release channel the Client is subscribed to.
 type watchState struct {
 	waiters map[chan struct{}]struct{}
 	idle    time.Time         // when the last waiter left; zero while one waits
@@ -323,7 +323,7 @@ type watchState struct {
 // freed the name on enough masters for an attempt to win, and the waiters
 // are woken once, not once per master (an attempt started on the first
 // announcement would mostly find the name still held on the others).
-// guarded by l.mu.
+// guarded by c.mu.
 func (ws *watchState) heard(i int, id string, quorum, n int) bool {
 	if quorum == 1 {
 		return true
@@ -355,58 +355,58 @@ func (ws *watchState) heard(i int, id string, quorum, n int) bool {
 // watch subscribes to a release channel for one waiter and returns its
 // wake-up channel and the function that ends the watch. The subscription
 // outlives the watch by watchLinger.
-func (l *Locker) watch(ctx context.Context, channel string) (<-chan struct{}, func()) {
+func (c *Client) watch(ctx context.Context, channel string) (<-chan struct{}, func()) {
 	w := make(chan struct{}, 1)
-	l.subMu.Lock()
-	defer l.subMu.Unlock()
-	l.mu.Lock()
-	ws := l.watchers[channel]
+	c.subMu.Lock()
+	defer c.subMu.Unlock()
+	c.mu.Lock()
+	ws := c.watchers[channel]
 	first := ws == nil
 	if first {
 		ws = &watchState{waiters: map[chan struct{}]struct{}{}, seen: map[string][]bool{}}
-		l.watchers[channel] = ws
+		c.watchers[channel] = ws
 	}
 	ws.waiters[w] = struct{}{}
 	ws.idle = time.Time{}
-	l.mu.Unlock()
+	c.mu.Unlock()
 	if first {
 		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		for _, ps := range l.pubsubs {
+		for _, ps := range c.pubsubs {
 			_ = ps.Subscribe(sctx, channel) // retried by the PubSub on reconnect
 		}
 		cancel()
 	}
 	return w, func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
+		c.mu.Lock()
+		defer c.mu.Unlock()
 		delete(ws.waiters, w)
 		if len(ws.waiters) == 0 {
 			ws.idle = time.Now()
-			if !l.sweeping && !l.closed {
-				l.sweeping = true
-				l.wg.Go(l.sweep)
+			if !c.sweeping && !c.closed {
+				c.sweeping = true
+				c.wg.Go(c.sweep)
 			}
 		}
 	}
 }
 
 // sweep unsubscribes the release channels nobody has waited on for
-// watchLinger, and exits when none is left idle or the Locker closes.
-func (l *Locker) sweep() {
+// watchLinger, and exits when none is left idle or the Client closes.
+func (c *Client) sweep() {
 	t := time.NewTimer(watchLinger)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
-		case <-l.done:
+		case <-c.done:
 			return // Close closes the PubSubs
 		}
-		l.subMu.Lock()
-		l.mu.Lock()
+		c.subMu.Lock()
+		c.mu.Lock()
 		now := time.Now()
 		var gone []string
 		var next time.Duration
-		for ch, ws := range l.watchers {
+		for ch, ws := range c.watchers {
 			if len(ws.waiters) > 0 {
 				continue
 			}
@@ -416,21 +416,21 @@ func (l *Locker) sweep() {
 				}
 				continue
 			}
-			delete(l.watchers, ch)
+			delete(c.watchers, ch)
 			gone = append(gone, ch)
 		}
 		if next == 0 {
-			l.sweeping = false
+			c.sweeping = false
 		}
-		l.mu.Unlock()
+		c.mu.Unlock()
 		if len(gone) > 0 {
 			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			for _, ps := range l.pubsubs {
+			for _, ps := range c.pubsubs {
 				_ = ps.Unsubscribe(sctx, gone...)
 			}
 			cancel()
 		}
-		l.subMu.Unlock()
+		c.subMu.Unlock()
 		if next == 0 {
 			return
 		}

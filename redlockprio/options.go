@@ -70,7 +70,7 @@ func (o *options) callTimeoutFor() time.Duration {
 	return min(max(o.ttl/10, floor), maxDefaultCallTimeout)
 }
 
-// Option configures a [Locker]; see [New].
+// Option configures a [Client]; see [New].
 type Option func(*options) error
 
 // WithTTL sets how long each master keeps a key that its holder stopped
@@ -89,7 +89,7 @@ func WithTTL(d time.Duration) Option {
 }
 
 // WithRenewInterval sets how often held leases are renewed, all of a
-// Locker's leases in one batch. It must be at most (TTL − drift)/3, where
+// Client's leases in one batch. It must be at most (TTL − drift)/3, where
 // drift is the allowance of [WithDriftFactor]: a renewal round that hangs
 // is given up to one interval, and the next round may start one interval
 // after the last successful one, so that with a third interval to spare
@@ -113,7 +113,7 @@ func WithDriftFactor(f float64) Option {
 	}
 }
 
-// WithPriority sets the priority of the Locker's requests: a request takes
+// WithPriority sets the priority of the Client's requests: a request takes
 // a name from a holder of strictly lower priority, whose lease then ends
 // with [locks.ErrPreempted]. Equal priorities never take from each other.
 // The priority must be within the range of an int32. The default is 0.
@@ -137,24 +137,22 @@ func WithBackoff(b locks.Backoff) Option {
 	}
 }
 
-// WithHolderID sets the readable part of the Locker's holder identity, as
+// WithHolderID sets the readable part of the Client's holder identity, as
 // reported in [locks.HeldError.Holder] and stored at the masters (a host
 // name and process id, say). Each lease still gets its own id (this one,
-// a random part drawn per Locker and a counter), so that two leases never
-// pass for one another. The id must be 1 to 200
-// printable bytes without '|'. The default is a random id.
+// a random part drawn per Client and a counter), so that two leases never
+// pass for one another. The id must pass [driver.CheckHolderID], the one
+// rule of every latchkey backend: 1 to 200 bytes of printable UTF-8,
+// without '|', '{' or '}'. The default is a random id.
 func WithHolderID(id string) Option {
 	return func(o *options) error {
 		o.holderID = id
-		if id == "" || len(id) > 200 || strings.ContainsAny(id, "|{}") || strings.IndexFunc(id, isControl) >= 0 {
-			return driver.InvalidOption("holder id must be 1 to 200 printable bytes without '|', '{' or '}', got %q", id)
-		}
-		return nil
+		return driver.CheckHolderID(id)
 	}
 }
 
-// WithKeyPrefix sets the prefix of every key and channel name the Locker
-// uses at the masters. Lockers that should contend must use the same
+// WithKeyPrefix sets the prefix of every key and channel name the Client
+// uses at the masters. Clients that should contend must use the same
 // prefix. It must not contain '{', '}' (hash tags) nor '|' (which
 // separates the fields of theft notices). The default is "latchkey:".
 func WithKeyPrefix(p string) Option {
@@ -205,7 +203,7 @@ func WithCallTimeout(d time.Duration) Option {
 	}
 }
 
-// WithImmediateAck makes the Locker's leases acknowledge a theft as soon
+// WithImmediateAck makes the Client's leases acknowledge a theft as soon
 // as their context ends with [locks.ErrPreempted], rather than when the
 // lease's holder lets go of it (calls Release, or [locks.Do] returns) or
 // its validity runs out. It is UNSAFE unless every holder stops using a

@@ -1,6 +1,7 @@
 package redlockprio_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -35,11 +36,11 @@ func TestNewRejectsKeyPrefixWithBar(t *testing.T) {
 			t.Errorf("WithKeyPrefix(%q): %v, want ErrInvalidOption", p, err)
 		}
 	}
-	l, err := redlockprio.New(ms, redlockprio.WithKeyPrefix("app/locks:"))
+	lc, err := redlockprio.New(ms, redlockprio.WithKeyPrefix("app/locks:"))
 	if err != nil {
 		t.Fatalf("a valid prefix: %v", err)
 	}
-	_ = l.Close()
+	_ = lc.Close(context.Background())
 }
 
 func TestNewWithNonComparableClient(t *testing.T) {
@@ -50,9 +51,9 @@ func TestNewWithNonComparableClient(t *testing.T) {
 				err = fmt.Errorf("New panicked: %v", r)
 			}
 		}()
-		l, err := redlockprio.New(ms)
+		lc, err := redlockprio.New(ms)
 		if err == nil {
-			_ = l.Close()
+			_ = lc.Close(context.Background())
 		}
 		return err
 	}
@@ -86,12 +87,12 @@ func TestNewRejectsRenewIntervalTooLong(t *testing.T) {
 		{redlockprio.WithTTL(20 * time.Millisecond)},
 		{},
 	} {
-		l, err := redlockprio.New(ms, opts...)
+		lc, err := redlockprio.New(ms, opts...)
 		if err != nil {
 			t.Errorf("valid options: %v", err)
 			continue
 		}
-		_ = l.Close()
+		_ = lc.Close(context.Background())
 	}
 }
 
@@ -115,9 +116,9 @@ func TestNewRefusesTwoMastersAndShortTTL(t *testing.T) {
 		{"call timeout under 5ms", one, []redlockprio.Option{redlockprio.WithCallTimeout(time.Millisecond)}},
 		{"call timeout 0", one, []redlockprio.Option{redlockprio.WithCallTimeout(0)}},
 	} {
-		if l, err := redlockprio.New(c.ms, c.opts...); !errors.Is(err, locks.ErrInvalidOption) {
+		if lc, err := redlockprio.New(c.ms, c.opts...); !errors.Is(err, locks.ErrInvalidOption) {
 			if err == nil {
-				_ = l.Close()
+				_ = lc.Close(context.Background())
 			}
 			t.Errorf("%s: New = %v, want ErrInvalidOption", c.what, err)
 		} else {
@@ -133,11 +134,11 @@ func TestNewRefusesTwoMastersAndShortTTL(t *testing.T) {
 		{"TTL 20ms", one, []redlockprio.Option{redlockprio.WithTTL(20 * time.Millisecond)}},
 		{"call timeout (TTL − drift)/2", one, []redlockprio.Option{redlockprio.WithTTL(time.Second), redlockprio.WithCallTimeout(489 * time.Millisecond)}},
 	} {
-		l, err := redlockprio.New(c.ms, c.opts...)
+		lc, err := redlockprio.New(c.ms, c.opts...)
 		if err != nil {
 			t.Errorf("%s: New = %v, want it accepted", c.what, err)
 			continue
 		}
-		_ = l.Close()
+		_ = lc.Close(context.Background())
 	}
 }

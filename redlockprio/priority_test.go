@@ -297,7 +297,7 @@ func TestChainOfThieves(t *testing.T) {
 		}
 	}()
 	// p2 has stolen the keys of every master and waits for p1.
-	waitForHolder(t, addrs, name, p2.l.ID())
+	waitForHolder(t, addrs, name, p2.c.ID())
 	select {
 	case <-done2:
 		t.Fatal("p2's Lock returned before p1's validity ran out")
@@ -457,8 +457,8 @@ func TestCloseKeepsWaitingThiefKeys(t *testing.T) {
 		}
 		errc <- err
 	}()
-	waitForHolder(t, addrs, name, high.l.ID())
-	if err := high.l.Close(); err != nil {
+	waitForHolder(t, addrs, name, high.c.ID())
+	if err := high.c.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-errc; !errors.Is(err, locks.ErrClosed) {
@@ -497,7 +497,7 @@ func TestSemaphoreTheftInLosingSlotTellsVictim(t *testing.T) {
 	plant(t, addrs[0], name, 2, "h", 9)
 	plant(t, addrs[2], name, 1, "x", 9)
 	thief := mustClient(t, addrs, redlockprio.WithPriority(5))
-	sem, err := thief.l.Semaphore(2)
+	sem, err := thief.c.Semaphore(2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -560,9 +560,9 @@ func TestThiefRenewsWhileWaiting(t *testing.T) {
 		l, err := high.l.Lock(ctx, name)
 		done <- outcome{l, err}
 	}()
-	waitForHolder(t, addrs, name, high.l.ID()) // the theft is done: the wait begins
+	waitForHolder(t, addrs, name, high.c.ID()) // the theft is done: the wait begins
 	waitStart := time.Now()
-	thiefOf := func(id string) bool { return strings.HasPrefix(id, high.l.ID()+":") }
+	thiefOf := func(id string) bool { return strings.HasPrefix(id, high.c.ID()+":") }
 	var (
 		prev   = make([]time.Duration, len(addrs))
 		lowest = make([]time.Duration, len(addrs))

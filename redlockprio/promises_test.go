@@ -304,13 +304,14 @@ func lockerWith(t testing.TB, addrs []string, hook redis.Hook, px *testenv.Proxy
 	t.Helper()
 	rcs := []*redis.Client{newRedis(addrs[0]), newRedis(addrs[1]), newRedis(px.Addr())}
 	rcs[1].AddHook(hook)
-	l, err := redlockprio.New([]redis.UniversalClient{rcs[0], rcs[1], rcs[2]},
+	lc, err := redlockprio.New([]redis.UniversalClient{rcs[0], rcs[1], rcs[2]},
 		redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew), redlockprio.WithCallTimeout(250*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := lc.Locker()
 	t.Cleanup(func() {
-		_ = l.Close()
+		_ = lc.Close(context.Background())
 		for _, rc := range rcs {
 			_ = rc.Close()
 		}
@@ -478,9 +479,10 @@ func TestNameLengthLimit(t *testing.T) {
 	offline := mustClient(t, []string{dead})
 	for _, lc := range []struct {
 		what string
+		c    *redlockprio.Client
 		l    *redlockprio.Locker
-	}{{"live masters", c.l}, {"no master", offline.l}} {
-		sem, err := lc.l.Semaphore(2)
+	}{{"live masters", c.c, c.l}, {"no master", offline.c, offline.l}} {
+		sem, err := lc.c.Semaphore(2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -552,7 +554,7 @@ func testTimedOutTheft(t *testing.T, thirdPriority int) {
 		_ = lease.Release(ctx)
 		t.Fatal("the thief got the name within 50ms through 200ms round trips")
 	}
-	waitForHolder(t, addrs, name, thief.l.ID()) // its requests took the keys all the same
+	waitForHolder(t, addrs, name, thief.c.ID()) // its requests took the keys all the same
 	for _, px := range thief.proxies {
 		px.Restore() // the thief hears notices again, at once
 	}
@@ -603,10 +605,10 @@ func TestLockerNeverClosesClients(t *testing.T) {
 	for _, n := range []int{1, 3} {
 		t.Run(fmt.Sprintf("%d master(s)", n), func(t *testing.T) {
 			c := mustClient(t, addrsOf(testenv.StartRedis(t, n)))
-			l := c.l // closed below, and its clients only at the end of the test
+			l := c.c // closed below, and its clients only at the end of the test
 			ctx := ctxFor(t, 10*time.Second)
 			name := uniqueName(t)
-			if _, err := l.Lock(ctx, name); err != nil {
+			if _, err := l.Locker().Lock(ctx, name); err != nil {
 				t.Fatal(err)
 			}
 			sem, err := l.Semaphore(2)
@@ -618,14 +620,14 @@ func TestLockerNeverClosesClients(t *testing.T) {
 			}
 			waiting := make(chan error, 1)
 			go func() {
-				lease, err := l.Lock(ctx, name) // held: waits on the release channel
+				lease, err := l.Locker().Lock(ctx, name) // held: waits on the release channel
 				if err == nil {
 					_ = lease.Release(ctx)
 				}
 				waiting <- err
 			}()
 			time.Sleep(2 * testRenew) // renewals, and the waiter subscribed
-			if err := l.Close(); err != nil {
+			if err := l.Close(ctx); err != nil {
 				t.Fatal(err)
 			}
 			select {
@@ -644,11 +646,12 @@ func TestLockerNeverClosesClients(t *testing.T) {
 				}
 				ms = append(ms, rc)
 			}
-			l2, err := redlockprio.New(ms)
+			l2C, err := redlockprio.New(ms)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer l2.Close()
+			l2 := l2C.Locker()
+			defer l2C.Close(context.Background())
 			lease, err := l2.TryLock(ctx, name)
 			if err != nil {
 				t.Fatalf("a new Locker over the same clients: TryLock of the name the closed Locker held = %v", err)
@@ -703,12 +706,13 @@ func TestDeadlineWithoutContextTimeout(t *testing.T) {
 			}
 			// A long TTL: the held lease must not be lost before its
 			// Release below.
-			l, err := redlockprio.New(ms, redlockprio.WithTTL(10*time.Second), redlockprio.WithRenewInterval(3*time.Second))
+			lc, err := redlockprio.New(ms, redlockprio.WithTTL(10*time.Second), redlockprio.WithRenewInterval(3*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = l.Close() }) // after the masters resume (defer below)
-			warm(t, l)                          // the inbox is subscribed: the steps are what is timed
+			l := lc.Locker()
+			t.Cleanup(func() { _ = lc.Close(context.Background()) }) // after the masters resume (defer below)
+			warm(t, l)                                               // the inbox is subscribed: the steps are what is timed
 			ctx := ctxFor(t, 10*time.Second)
 			held, err := l.TryLock(ctx, uniqueName(t))
 			if err != nil {

@@ -87,13 +87,14 @@ func TestFailedAttemptWithRefusedMasterAcknowledgesAtOnce(t *testing.T) {
 				rcs = append(rcs, rc)
 				ms = append(ms, rc)
 			}
-			low, err := redlockprio.New(ms, redlockprio.WithPriority(1),
+			lowC, err := redlockprio.New(ms, redlockprio.WithPriority(1),
 				redlockprio.WithTTL(3*time.Second), redlockprio.WithRenewInterval(900*time.Millisecond))
 			if err != nil {
 				t.Fatal(err)
 			}
+			low := lowC.Locker()
 			t.Cleanup(func() {
-				_ = low.Close()
+				_ = lowC.Close(context.Background())
 				for _, rc := range rcs {
 					_ = rc.Close()
 				}
@@ -134,7 +135,7 @@ func TestFailedAttemptWithRefusedMasterAcknowledgesAtOnce(t *testing.T) {
 				}
 			}
 			time.Sleep(100 * time.Millisecond) // master 4's late answer seen to
-			if got := holderOf(t, addrs[3], name); !strings.HasPrefix(got, low.ID()+":") {
+			if got := holderOf(t, addrs[3], name); !strings.HasPrefix(got, lowC.ID()+":") {
 				t.Fatalf("master 3's key is %q's, want the failed attempt's", got)
 			}
 			unplant(t, addrs[0], name, 1)

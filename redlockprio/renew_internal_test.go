@@ -26,11 +26,11 @@ func TestRenewRoundEndsBeforeEarliestDeadline(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: servers[0].Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer rc.Close()
 	const ttl, renew = 600 * time.Millisecond, 190 * time.Millisecond
-	l, err := New([]redis.UniversalClient{rc}, WithTTL(ttl), WithRenewInterval(renew))
+	c, err := New([]*redis.Client{rc}, WithTTL(ttl), WithRenewInterval(renew))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	defer c.Close(context.Background())
 	if err := rc.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -42,30 +42,35 @@ func TestRenewRoundEndsBeforeEarliestDeadline(t *testing.T) {
 	// A lease whose validity ends within one renewal interval: one whose
 	// acquisition was slow, say.
 	deadline := time.Now().Add(renew / 2)
-	e := &Lease{l: l, name: "n", id: "id", key: l.key("n", 1), fence: l.fenceKey("n"), settled: make(chan struct{})}
-	e.base = driver.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: deadline})
-	l.renewBatch([]*Lease{e}, []uint64{1})
+	lease := driver.NewLease(context.Background(), driver.Spec{Name: "n", Token: 1, Deadline: deadline})
+	cl := &claim{c: c, name: "n", id: "id", key: c.key("n", 1), fence: c.fenceKey("n"), ackable: make(chan struct{}), lease: lease}
+	c.mu.Lock()
+	c.byLease[lease] = cl
+	c.mu.Unlock()
+	// The registry's round context ends at the earliest deadline.
+	round, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	answers := c.renew(round, []*driver.Lease{lease})
 	returned := time.Now()
 
 	if !returned.Before(deadline) {
 		t.Errorf("the renewal round returned %v after the lease's validity ended", returned.Sub(deadline))
 	}
-	select {
-	case <-e.base.Context().Done():
-	default:
-		t.Fatalf("the lease is live after a renewal round that reached no master, %v before its deadline", time.Until(deadline))
+	if len(answers) != 1 {
+		t.Fatalf("the renewal round gave %d answers for a batch of 1", len(answers))
 	}
-	cause := context.Cause(e.base.Context())
+	cause := answers[0].Err
 	if !errors.Is(cause, locks.ErrLost) {
-		t.Errorf("cause = %v, want ErrLost", cause)
+		t.Fatalf("the renewal round that reached no master, %v before the lease's deadline, does not end it: answer %+v, want ErrLost", time.Until(deadline), answers[0])
 	}
 	var qe *QuorumError
 	if !errors.As(cause, &qe) {
-		t.Errorf("cause = %v: the lease ran into its deadline, not ended by the failed renewal", cause)
+		t.Errorf("cause = %v: not the failed renewal's", cause)
 	}
 }
 
-// renewLoops counts the goroutines running a Locker's renewal loop, found
+// renewLoops counts the goroutines running a Client's renewal loop (its
+// registry's), found
 // by function name in every goroutine's stack (as goleak does). A frame,
 // not a "created by" line: a goroutine the loop started is not the loop.
 func renewLoops() int {
@@ -81,7 +86,7 @@ func renewLoops() int {
 	count := 0
 	for g := range strings.SplitSeq(string(buf), "\n\n") {
 		for line := range strings.SplitSeq(g, "\n") {
-			if !strings.HasPrefix(line, "created by ") && strings.Contains(line, "redlockprio.(*Locker).renewLoop(") {
+			if !strings.HasPrefix(line, "created by ") && strings.Contains(line, "driver.(*Registry).renewLoop(") {
 				count++
 				break
 			}
@@ -105,27 +110,23 @@ func TestRenewGoroutineExitsWhenNoLeaseHeld(t *testing.T) {
 	// How long the loop may take to notice, at its next tick, that no
 	// lease is left: a generous scheduling margin, not a performance claim.
 	const exitBound = renew + time.Second
-	l, err := New(ms, WithTTL(ttl), WithRenewInterval(renew))
+	c, err := New(ms, WithTTL(ttl), WithRenewInterval(renew))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	defer c.Close(context.Background())
+	l := c.Locker()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
 	// Goroutines of other tests' Lockers are not this Locker's: count from
 	// what runs before it holds anything (none, as they are all closed).
 	others := renewLoops()
-	renewing := func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.renewing
-	}
-	// state checks both views: the Locker's own flag and the goroutines.
+	// state counts the renewal goroutines.
 	state := func(want bool) (ok bool, got string) {
-		r, n := renewing(), renewLoops()-others
-		ok = r == want && (want && n == 1 || !want && n == 0)
-		return ok, fmt.Sprintf("renewing %v, %d renewal goroutines", r, n)
+		n := renewLoops() - others
+		ok = want && n == 1 || !want && n == 0
+		return ok, fmt.Sprintf("%d renewal goroutines", n)
 	}
 	waitState := func(want bool, within time.Duration) time.Duration {
 		t.Helper()
@@ -188,15 +189,15 @@ func TestRenewGoroutineExitsWhenNoLeaseHeld(t *testing.T) {
 		t.Fatalf("no lease held for %v: %s, want none", 2*renew, got)
 	}
 
-	// The Locker is still open: the next lease (which a closed Locker
+	// The Client is still open: the next lease (which a closed Client
 	// refuses) brings the goroutine back, and is renewed.
-	c, err := l.Lock(ctx, "a")
+	d, err := l.Lock(ctx, "a")
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitState(true, time.Second)
-	renewed(c.(*Lease))
-	if err := c.Release(ctx); err != nil {
+	renewed(d.(*Lease))
+	if err := d.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	waitState(false, exitBound)

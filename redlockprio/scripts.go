@@ -115,7 +115,7 @@ return 0
 // the token, like renewScript. It publishes the id on the channel whether or
 // not the key was still there: either way this master no longer holds
 // the name for the caller, and waiters wake once a quorum of masters has
-// said so (see Locker.dispatch). It returns 1 when it deleted the key, 0
+// said so (see Client.dispatch). It returns 1 when it deleted the key, 0
 // otherwise.
 var releaseScript = redis.NewScript(`
 local tok = tonumber(ARGV[2])
@@ -145,7 +145,7 @@ return c
 `)
 
 // identScript tells whether this server already answered to another of
-// the Locker's masters: KEYS[1] is the Locker's own identity key, ARGV
+// the Client's masters: KEYS[1] is the Client's own identity key, ARGV
 // the master's index and the key's lifetime in ms. It returns the index
 // of the first master that reached this server: a different index means
 // two masters are the same server (or the same cluster node).

@@ -35,11 +35,12 @@ func TestTLSAndACLUser(t *testing.T) {
 			t.Cleanup(func() { _ = rc.Close() })
 			ms = append(ms, rc)
 		}
-		l, err := redlockprio.New(ms, append([]redlockprio.Option{redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew)}, opts...)...)
+		lc, err := redlockprio.New(ms, append([]redlockprio.Option{redlockprio.WithTTL(testTTL), redlockprio.WithRenewInterval(testRenew)}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = l.Close() })
+		l := lc.Locker()
+		t.Cleanup(func() { _ = lc.Close(context.Background()) })
 		return l
 	}
 	ctx := ctxFor(t, 10*time.Second)

@@ -58,9 +58,9 @@ func TestChainOfThievesMixedTTLs(t *testing.T) {
 				}
 				done2 <- err
 			}()
-			waitForHolder(t, addrs, name, p2.l.ID()) // p2 stole every key and waits for p1
+			waitForHolder(t, addrs, name, p2.c.ID()) // p2 stole every key and waits for p1
 			if third != "higher thief" {
-				if err := p2.l.Close(); err != nil {
+				if err := p2.c.Close(context.Background()); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -125,13 +125,14 @@ func TestFailedAttemptDoesNotStallThief(t *testing.T) {
 	delay := &releaseDelay{delay: 2 * time.Second, seen: make(chan struct{})}
 	rcs := []*redis.Client{newRedis(addrs[0]), newRedis(addrs[1]), newRedis(addrs[2])}
 	rcs[2].AddHook(delay)
-	low, err := redlockprio.New([]redis.UniversalClient{rcs[0], rcs[1], rcs[2]}, redlockprio.WithPriority(1),
+	lowC, err := redlockprio.New([]redis.UniversalClient{rcs[0], rcs[1], rcs[2]}, redlockprio.WithPriority(1),
 		redlockprio.WithTTL(3*time.Second), redlockprio.WithRenewInterval(900*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
+	low := lowC.Locker()
 	t.Cleanup(func() {
-		_ = low.Close()
+		_ = lowC.Close(context.Background())
 		for _, rc := range rcs {
 			_ = rc.Close()
 		}
@@ -158,7 +159,7 @@ func TestFailedAttemptDoesNotStallThief(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the low attempt never cleaned up")
 	}
-	if got := holderOf(t, addrs[2], name); !strings.HasPrefix(got, low.ID()+":") {
+	if got := holderOf(t, addrs[2], name); !strings.HasPrefix(got, lowC.ID()+":") {
 		t.Fatalf("master 2's key is %q's, want the failed attempt's", got)
 	}
 	unplant(t, addrs[0], name, 1)

@@ -1,0 +1,401 @@
+package redlockprio
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
+)
+
+// backend names the package in errors and events.
+const backend = "redlockprio"
+
+// names is the rule for lock names: the name becomes a Redis Cluster hash
+// tag ({name}), so it must not contain braces.
+var names = driver.NameRule{
+	What:   "redlockprio name",
+	MaxLen: 1024,
+	Char:   func(r rune) bool { return r != '{' && r != '}' && !unicode.IsControl(r) },
+}
+
+// MaxSemaphoreSize is the largest size [Client.Semaphore] accepts: each
+// slot is a key every acquire script looks at.
+const MaxSemaphoreSize = 1024
+
+// Client holds leases on N independent Redis masters: a lease is held on
+// a quorum (N/2+1) of them. Its [Locker] and its [Semaphore]s share its
+// connections, its renewal (all its leases in one pipelined round trip per
+// master per renewal interval) and its notifications.
+//
+// A Client is safe for concurrent use and may hold many names at once.
+// Close it when done: it releases what it holds. It never closes the
+// go-redis clients it was given.
+type Client struct {
+	masters []*master
+	quorum  int
+	o       options
+	drift   time.Duration
+	id      string // this Client's identity, the readable part of holder ids
+	inbox   string // channel on which thieves notify this Client's victims
+	nonce   string // holder ids start with it (see holderID)
+	leases  atomic.Uint64
+	callTO  time.Duration // per-master call timeout
+	reg     *driver.Registry
+	locker  *Locker
+
+	// dup is set once two masters are found to be the same server: every
+	// later acquisition fails with it.
+	dup         atomic.Pointer[error]
+	identOnce   sync.Once
+	identDone   chan struct{} // closed once the first identification is over
+	identQuorum chan struct{} // closed once a quorum of masters is verified
+	identGrace  time.Duration // set before identQuorum is closed
+	// longest is the longest PTTL, in ms, this Client has seen on a key of
+	// another holder: how long a key it may have taken without hearing of
+	// it can live (see keptFor).
+	longest atomic.Int64
+
+	mu      sync.Mutex
+	closing bool // no new acquisitions
+	closed  bool // no new I/O goroutines
+	done    chan struct{}
+	work    chan func() // hands calls to idle workers
+	// closedFlag mirrors closed for runOnWorker's lock-free check.
+	closedFlag atomic.Bool
+
+	seqMu sync.Mutex
+	seq   map[seqKey]chan struct{} // see sequence
+	wg    sync.WaitGroup
+	// claims holds, by holder id, the attempts in flight and the leases
+	// they became, until no notice about them can need waiting for.
+	claims  map[string]*claim
+	byLease map[*driver.Lease]*claim // the claims of the registered leases
+	acks    map[string]chan struct{} // victim holder id -> closed on its ack
+	// kept holds the ids of failed attempts that may have kept keys they
+	// took from holders they never told (see giveUp), until those keys
+	// have surely expired: a thief that finds such a key gets no
+	// acknowledgement for it, and waits it out.
+	kept map[string]time.Time
+
+	subOnce   sync.Once
+	subReady  chan struct{} // closed once the inbox is subscribed (or gave up)
+	subMu     sync.Mutex    // serializes (un)subscriptions of release channels
+	pubsubs   []*redis.PubSub
+	watchers  map[string]*watchState // by release channel, guarded by mu
+	sweeping  bool                   // a sweep goroutine runs; guarded by mu
+	subAcked  []bool                 // per master: inbox subscription confirmed
+	subQuorum chan struct{}          // closed once a quorum of masters confirmed
+}
+
+// New returns a Client over masters, each an independent Redis master (a
+// *redis.Client, or a *redis.ClusterClient: every key of a name shares the
+// hash tag {name}); a []*redis.Client is taken as it is. N = len(masters)
+// must be at least 1; the quorum is N/2+1. A nil, repeated or missing
+// master, two masters without [WithTwoMasters] (they tolerate no failure),
+// or an invalid option, returns an error matching [locks.ErrInvalidOption]
+// before any I/O; New itself does no I/O. Two clients of one server (the
+// same address twice, or two names of one host) are found on first
+// contact instead: see [Locker.Lock].
+//
+// So that a hung master (paused, partitioned) cannot hold a call past its
+// context, give each client ContextTimeoutEnabled: true; otherwise the
+// client's read and write timeouts bound such calls, and the Client still
+// stops waiting for them at the step's deadline.
+func New[C redis.UniversalClient](masters []C, opts ...Option) (*Client, error) {
+	ms, err := newMasters(masters)
+	if err != nil {
+		return nil, driver.Errorf(backend, "new", "", err)
+	}
+	o, err := checkOptions(len(ms), opts)
+	if err != nil {
+		return nil, driver.Errorf(backend, "new", "", err)
+	}
+	id := o.holderID
+	if id == "" {
+		id = randomID(8)
+	}
+	c := &Client{
+		masters:  ms,
+		quorum:   len(ms)/2 + 1,
+		o:        o,
+		callTO:   o.callTimeoutFor(),
+		drift:    o.driftFor(),
+		id:       id,
+		done:     make(chan struct{}),
+		work:     make(chan func()),
+		seq:      map[seqKey]chan struct{}{},
+		claims:   map[string]*claim{},
+		byLease:  map[*driver.Lease]*claim{},
+		acks:     map[string]chan struct{}{},
+		kept:     map[string]time.Time{},
+		subReady: make(chan struct{}),
+		watchers: map[string]*watchState{},
+		subAcked: make([]bool, len(ms)),
+	}
+	c.inbox = o.prefix + "inbox:" + id + ":" + randomID(8)
+	c.nonce = id + ":" + randomID(12) + "-"
+	c.reg, err = driver.NewRegistry(driver.Config{Backend: backend, RenewEvery: o.renew, Renew: c.renew})
+	if err != nil {
+		return nil, driver.Errorf(backend, "new", "", err)
+	}
+	c.locker = &Locker{c: c}
+	return c, nil
+}
+
+// newMasters checks the clients given to New: none nil, none twice.
+func newMasters[C redis.UniversalClient](masters []C) ([]*master, error) {
+	if len(masters) == 0 {
+		return nil, driver.InvalidOption("at least one master is needed")
+	}
+	ms := make([]*master, len(masters))
+	for i, mc := range masters {
+		var rc redis.UniversalClient = mc
+		if isNil(rc) {
+			return nil, driver.InvalidOption("master %d is nil", i)
+		}
+		for _, m := range ms[:i] {
+			if sameClient(m.c, rc) {
+				return nil, driver.InvalidOption("master %d is given twice: masters must be independent", i)
+			}
+		}
+		ms[i] = &master{index: i, addr: addrOf(rc), c: rc, deadlines: honorsDeadlines(rc), oneShot: oneShot(rc)}
+	}
+	return ms, nil
+}
+
+// checkOptions applies opts for n masters and checks that the TTL leaves
+// room for a step's calls and the renewals.
+func checkOptions(n int, opts []Option) (options, error) {
+	o := defaults()
+	if err := driver.Apply(&o, opts); err != nil {
+		return o, err
+	}
+	if n == 2 && !o.twoMasters {
+		return o, driver.InvalidOption("two masters tolerate no failure (their quorum is both): use 1, 3 or more, or WithTwoMasters")
+	}
+	if d := o.driftFor(); d >= o.ttl/2 {
+		return o, driver.InvalidOption("drift allowance %v leaves too little of the TTL %v", d, o.ttl)
+	}
+	callTO := o.callTimeoutFor()
+	if most := (o.ttl - o.driftFor()) / 2; most < minCallTimeout {
+		return o, driver.InvalidOption("TTL %v is too short: a step would have %v per master call ((TTL − drift)/2), under %v", o.ttl, most, minCallTimeout)
+	} else if callTO > most || callTO < minCallTimeout {
+		return o, driver.InvalidOption("call timeout %v must be in [%v, (TTL − drift)/2 = %v]", callTO, minCallTimeout, most)
+	}
+	// See WithRenewInterval for why a third of the validity.
+	maxRenew := (o.ttl - o.driftFor()) / 3
+	if o.renew == 0 {
+		o.renew = maxRenew
+	}
+	if o.renew > maxRenew {
+		return o, driver.InvalidOption("renew interval %v must be at most (TTL − drift)/3 = %v", o.renew, maxRenew)
+	}
+	return o, nil
+}
+
+func isNil(c redis.UniversalClient) bool {
+	if c == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(c); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
+}
+
+// sameClient reports whether a and b are the same client. Clients of a
+// type that is not comparable (== would panic) are taken as distinct.
+func sameClient(a, b redis.UniversalClient) bool {
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	return va.Type() == vb.Type() && va.Comparable() && va.Equal(vb)
+}
+
+func addrOf(c redis.UniversalClient) string {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().Addr
+	case *redis.ClusterClient:
+		return "cluster " + strings.Join(c.Options().Addrs, ",")
+	}
+	return fmt.Sprintf("%T", c)
+}
+
+// honorsDeadlines reports whether c ends each call at its context's
+// deadline.
+func honorsDeadlines(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// oneShot reports whether c makes one attempt per command: a
+// *redis.Client with MaxRetries -1, a *redis.ClusterClient with
+// MaxRedirects -1 (go-redis stores both as 0).
+func oneShot(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().MaxRetries == 0
+	case *redis.ClusterClient:
+		return c.Options().MaxRedirects == 0
+	}
+	return false
+}
+
+// holderID returns a new holder id, unique to the lease: the Client's
+// id, ':', a random part drawn once per Client, and a counter.
+func (c *Client) holderID() string {
+	n := c.leases.Add(1)
+	id := make([]byte, 0, len(c.nonce)+17)
+	id = append(id, c.nonce...)
+	id = strconv.AppendUint(id, n, 16)
+	return string(id)
+}
+
+func randomID(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails (crypto/rand panics rather)
+	return hex.EncodeToString(b)
+}
+
+// Quorum returns how many masters must grant a lease: N/2+1.
+func (c *Client) Quorum() int { return c.quorum }
+
+// ID returns the Client's holder identity ([WithHolderID]).
+func (c *Client) ID() string { return c.id }
+
+// Locker returns the Client's [Locker]. Every call returns the same
+// Locker.
+func (c *Client) Locker() *Locker { return c.locker }
+
+// Semaphore returns a [Semaphore] with size slots per name sharing the
+// Client's connections, options and renewal. A size outside
+// [1, MaxSemaphoreSize] returns an error matching [locks.ErrInvalidOption],
+// without I/O.
+func (c *Client) Semaphore(size int) (*Semaphore, error) {
+	if size < 1 || size > MaxSemaphoreSize {
+		return nil, driver.Errorf(backend, "semaphore", "", driver.InvalidOption("semaphore size must be in [1, %d], got %d", MaxSemaphoreSize, size))
+	}
+	return &Semaphore{c: c, size: size}, nil
+}
+
+// Close ends every lease of the Client (their contexts end with an error
+// matching [locks.ErrLost] and [locks.ErrClosed]) and releases them at
+// the masters, makes waiting calls return and later calls fail with an
+// error matching [locks.ErrClosed], and stops the Client's renewal and
+// notification goroutines. A theft still waiting for its victims, or one
+// given up, leaves its keys at the masters to expire after the TTL (a
+// victim may still run until then) rather than delaying Close. Every wait
+// is bounded by ctx: when ctx ends first, Close returns an error matching
+// ctx.Err() and the rest finishes in the background. It does not close
+// the masters' clients. Close is idempotent (later calls return nil at
+// once) and safe from any goroutine.
+func (c *Client) Close(ctx context.Context) error {
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closing = true // no attempt registers a lease from now on
+	c.mu.Unlock()
+
+	err := c.reg.Close(ctx, nil)
+
+	c.mu.Lock()
+	c.closed = true
+	c.closedFlag.Store(true)
+	close(c.done)
+	c.mu.Unlock()
+	c.subOnce.Do(c.subReadyOnce) // no subscription from now on
+	c.subMu.Lock()
+	for _, ps := range c.pubsubs {
+		_ = ps.Close()
+	}
+	c.pubsubs = nil
+	c.subMu.Unlock()
+	stopped := make(chan struct{})
+	go func() {
+		c.wg.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		if err == nil {
+			err = driver.Errorf(backend, "close", "", ctx.Err())
+		}
+	}
+	return err
+}
+
+// goTracked runs f in a goroutine that Close waits for, unless the Client
+// is closed; it reports whether f was started.
+func (c *Client) goTracked(f func()) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.wg.Go(f)
+	return true
+}
+
+func (c *Client) key(name string, slot int) string {
+	return c.o.prefix + "{" + name + "}:" + strconv.Itoa(slot)
+}
+
+func (c *Client) fenceKey(name string) string { return c.o.prefix + "{" + name + "}:fence" }
+
+func (c *Client) relChannel(name string) string { return c.o.prefix + "{" + name + "}:released" }
+
+// deadlineFor is the end of the validity of a step started at start: the
+// TTL minus the drift allowance.
+func (c *Client) deadlineFor(start time.Time) time.Time {
+	return start.Add(c.o.ttl - c.drift)
+}
+
+// quorumError returns the error of a step that reached got masters of the
+// quorum needed, and reports one [driver.EventQuorumError] per master that
+// failed.
+func (c *Client) quorumError(name string, got int, errs []error) *QuorumError {
+	for _, err := range errs {
+		ev := driver.Event{Kind: driver.EventQuorumError, Name: name, Err: err}
+		var me *masterError
+		if errors.As(err, &me) {
+			ev.Master = me.addr
+		}
+		c.reg.Emit(ev)
+	}
+	return &QuorumError{Got: got, Need: c.quorum, Errs: errs}
+}
+
+// callError is the error a call op on name returns for err: the one shape
+// of [driver.Errorf], the name left to a [locks.HeldError] that names it
+// already, and [locks.ErrClosed] when the Client closed under the call.
+func (c *Client) callError(op, name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var he *locks.HeldError
+	if errors.As(err, &he) {
+		name = ""
+	}
+	return driver.Errorf(backend, op, name, err)
+}
