@@ -83,7 +83,7 @@ func (c *natsputexClient) Semaphore(_ context.Context, size int) (Locker, error)
 }
 
 func (c *natsputexClient) Close() error {
-	err := c.c.Close()
+	err := c.c.Close(context.Background())
 	c.nc.Close()
 	return err
 }

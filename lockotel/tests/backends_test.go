@@ -85,7 +85,7 @@ func (e *natsEnv) locker(t testing.TB, holder string) (locks.Locker, func()) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = c.Close()
+		_ = c.Close(context.Background())
 		nc.Close()
 	})
 	return c.Locker(), nc.Close
@@ -187,13 +187,13 @@ func (e *redisEnv) locker(t testing.TB, p int) locks.Locker {
 		t.Cleanup(func() { _ = rc.Close() })
 		masters = append(masters, rc)
 	}
-	l, err := redlockprio.New(masters, redlockprio.WithTTL(600*time.Millisecond),
+	c, err := redlockprio.New(masters, redlockprio.WithTTL(600*time.Millisecond),
 		redlockprio.WithRenewInterval(190*time.Millisecond), redlockprio.WithPriority(p))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = l.Close() })
-	return l
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c.Locker()
 }
 
 // revoke deletes name's key on every master, as an administrator would.

@@ -94,12 +94,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer c.Close()
 		masters[i] = c
 	}
-	locker, err := redlockprio.New(masters, cfg.opts...)
+	client, err := redlockprio.New(masters, cfg.opts...)
 	if err != nil {
 		return fail(stderr, code(err), "%v", err)
 	}
-	defer locker.Close()
-	return runLocked(locker, cfg, stdout, stderr)
+	defer client.Close(context.Background())
+	return runLocked(client.Locker(), cfg, stdout, stderr)
 }
 
 // parse reads the command line and checks it before any I/O. It returns
