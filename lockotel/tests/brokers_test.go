@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"errors"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"testing"
 	"time"
 
@@ -116,7 +117,12 @@ func needEvents(t *testing.T, backendName string, v any) {
 func waitForCount(t *testing.T, tl *telemetry, metric string, want int64) {
 	t.Helper()
 	eventually(t, within, metric+" not recorded", func() bool {
-		if n, _ := tl.hist(t, metric); n > 0 {
+		m, ok := tl.metric(t, metric)
+		if !ok {
+			return false
+		}
+		if _, isHist := m.Data.(metricdata.Histogram[float64]); isHist {
+			n, _ := tl.hist(t, metric)
 			return int64(n) >= want
 		}
 		return tl.sum(t, metric) >= want
