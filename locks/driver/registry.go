@@ -125,9 +125,9 @@ func (r *Registry) Go(f func()) bool {
 
 // NewLease registers a live lease described by spec, and renews it with
 // the registry's [RenewFunc] until it ends. Its context carries parent's
-// values but not its cancellation. On a closed registry it returns an
-// error matching [locks.ErrClosed], and the backend must free what it won
-// at the broker itself.
+// values but not its cancellation. On a closed registry it returns
+// [locks.ErrClosed] itself, for the caller to wrap with its operation, and
+// the backend must free what it won at the broker itself.
 func (r *Registry) NewLease(parent context.Context, spec Spec) (*Lease, error) {
 	l := NewLease(parent, spec)
 	l.reg = r
@@ -135,7 +135,7 @@ func (r *Registry) NewLease(parent context.Context, spec Spec) (*Lease, error) {
 	defer r.mu.Unlock()
 	if r.closed {
 		l.End(Lost(locks.ErrClosed))
-		return nil, r.ErrClosed("acquire", spec.Name)
+		return nil, locks.ErrClosed
 	}
 	r.leases[l] = struct{}{}
 	if r.renew != nil && !r.renewing {
