@@ -191,6 +191,7 @@ func TestCommand(t *testing.T) {
 	t.Cleanup(func() { run("destroy", name) })
 
 	expect(0, "Usage:", "--help")
+	expect(0, "-log-format", "--help")
 	expect(2, "missing NAME", "status")
 	expect(2, "bad slot count", "create", name, "0")
 	expect(2, "invalid name", "create", "amq.nope", "2")

@@ -192,6 +192,7 @@ func readPid(t *testing.T, path string) int {
 func TestUsage(t *testing.T) {
 	bin := build(t)
 	expect(t, bin, 0, "Exit codes", "--help")
+	expect(t, bin, 0, "-log-format", "--help")
 	expect(t, bin, 2, "want NAME -- COMMAND", "name")
 	expect(t, bin, 2, "want NAME -- COMMAND", "name", "true")
 	expect(t, bin, 2, "", "-nosuchflag", "name", "--", "true")
