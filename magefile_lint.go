@@ -50,6 +50,10 @@ var (
 		"natsputex":   "github.com/nats-io/nats.go",
 		"amqpsem":     "github.com/rabbitmq/amqp091-go",
 		"redlockprio": "github.com/redis/go-redis/v9",
+		// The commands, modules of their own since issue 21.
+		"natsputex/cmd/natslock":     "github.com/nats-io/nats.go",
+		"amqpsem/cmd/amqpsem":        "github.com/rabbitmq/amqp091-go",
+		"redlockprio/cmd/redlockrun": "github.com/redis/go-redis/v9",
 	}
 )
 

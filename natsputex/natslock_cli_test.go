@@ -49,7 +49,7 @@ func TestNatslockCLI(t *testing.T) {
 		if code != 0 || errOut != "" {
 			t.Errorf("natslock %s: exit %d, stderr %q; want 0 and nothing on stderr", help, code, errOut)
 		}
-		for _, want := range []string{"Usage:", "must return", "Exit codes:", "64", "NATSLOCK_TOKEN", "-reconnect-wait", "-max-reconnects", "-version"} {
+		for _, want := range []string{"Usage:", "must return", "Exit codes:", "64", "NATSLOCK_TOKEN", "-reconnect-wait", "-max-reconnects", "-version", "-log-format", "-metrics-addr", "latchkey_natslock_takeovers_total"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("natslock %s: the usage on stdout does not say %q", help, want)
 			}
@@ -73,6 +73,8 @@ func TestNatslockCLI(t *testing.T) {
 		{[]string{"-reconnect-wait", "0s", url, "b", "k", "tok"}, "-reconnect-wait"},
 		{[]string{"-max-reconnects", "-2", url, "b", "k", "tok"}, "-max-reconnects"},
 		{[]string{"-tlscert", "c.pem", url, "b", "k", "tok"}, "-tlskey"},
+		{[]string{"--log-format", "xml", url, "b", "k", "tok"}, "--log-format"},
+		{[]string{"--metrics-addr", "9090", url, "b", "k", "tok"}, "--metrics-addr"},
 	} {
 		out, errOut, code := runIt(tc.args...)
 		if code != 64 || out != "" {
@@ -249,15 +251,23 @@ func TestNatslockVerbosity(t *testing.T) {
 	normal := startNatslock(t, bin, url, bucket, key, "node-n")
 	waitFor(t, 10*time.Second, "the default node says who holds the key", func() bool { return strings.Contains(normal.logs(), "standby: the key is held") })
 	time.Sleep(3 * testR) // node-q has had as many strokes
-	for _, want := range []string{"health check (active) succeeded in", "start command (token ", "stop command succeeded in"} {
-		if !strings.Contains(a.logs(), want) {
-			t.Errorf("with -v, natslock does not log %q", want)
+	for _, want := range [][]string{
+		{`level=DEBUG msg="health check succeeded"`, " state=active duration="},
+		{`level=DEBUG msg="start command succeeded"`, " fencing_token=", " duration="},
+		{`level=DEBUG msg="stop command succeeded"`, " duration="},
+	} {
+		found := false
+		for line := range strings.Lines(a.logs()) {
+			found = found || strings.Contains(line, want[0]) && strings.Contains(line, want[1]) && strings.Contains(line, want[len(want)-1])
+		}
+		if !found {
+			t.Errorf("with -v, natslock does not log a line with %q", want)
 		}
 	}
-	if strings.Contains(quiet.logs(), "standby: the key is held") || strings.Contains(quiet.logs(), "health check") {
+	if strings.Contains(quiet.logs(), "standby: the key is held") || strings.Contains(quiet.logs(), "health check") || strings.Contains(quiet.logs(), "level=INFO") {
 		t.Errorf("with -q, natslock logs a standby's routine events:\n%s", quiet.logs())
 	}
-	if strings.Contains(normal.logs(), "health check (") {
+	if strings.Contains(normal.logs(), "level=DEBUG") || strings.Contains(normal.logs(), "health check succeeded") {
 		t.Errorf("by default, natslock logs each command:\n%s", normal.logs())
 	}
 }

@@ -243,8 +243,8 @@ func TestNatslockPaused(t *testing.T) {
 	}
 	waitFor(t, 2*time.Second, "node-a takes the blanked key", func() bool { return a.lastState() == "start" })
 	for _, line := range strings.Split(strings.TrimSpace(a.logs()), "\n") {
-		if !strings.Contains(line, "natslock: key=") {
-			t.Errorf("node-a logged a line not in the one-line format: %q", line)
+		if !strings.HasPrefix(line, "time=") || !strings.Contains(line, " level=") || !strings.Contains(line, " key="+key+" token=node-a") {
+			t.Errorf("node-a logged a line not in the structured format (time=... level=... msg=... key=%s token=node-a ...): %q", key, line)
 		}
 	}
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
@@ -573,7 +573,7 @@ func TestNatslockCutOff(t *testing.T) {
 	healed := time.Now()
 	sawB := func() bool {
 		for line := range strings.Lines(a.logs()) {
-			if strings.Contains(line, "standby: the key is held") && strings.Contains(line, `holder="node-b"`) {
+			if strings.Contains(line, "standby: the key is held") && (strings.Contains(line, " holder=node-b ") || strings.HasSuffix(strings.TrimSpace(line), " holder=node-b")) {
 				return true
 			}
 		}

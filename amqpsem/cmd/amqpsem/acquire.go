@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
@@ -17,11 +18,11 @@ import (
 
 // acquire runs cfg.rest (CMD and its arguments) while holding a slot of
 // cfg.name, with the runner every command under a lease shares.
-func acquire(ctx context.Context, c *amqpsem.Client, cfg *config, stdout, stderr io.Writer) int {
+func acquire(ctx context.Context, c *amqpsem.Client, cfg *config, stdout, stderr io.Writer, logger *slog.Logger) int {
 	name := cfg.name
 	s, err := c.Semaphore()
 	if err != nil {
-		fmt.Fprintln(stderr, "amqpsem: "+message(err))
+		logger.Error("failed", slog.String("error", message(err)))
 		return exitUsage
 	}
 	// Signals while waiting cancel the wait; then they go to CMD.
@@ -32,10 +33,10 @@ func acquire(ctx context.Context, c *amqpsem.Client, cfg *config, stdout, stderr
 		if errors.Is(err, amqpsem.ErrNoSlots) {
 			// The library's message speaks of Admins and WithCreate.
 			msg := strings.SplitN(message(err), " (", 2)[0]
-			fmt.Fprintf(stderr, "amqpsem: acquire %s: %s: create it first (amqpsem create %s SLOTS), or check the name and --layout\n", name, msg, name)
+			logger.Error("failed: create it first (amqpsem create "+name+" SLOTS), or check the name and --layout", slog.String("error", msg))
 			return exitError
 		}
-		fmt.Fprintf(stderr, "amqpsem: acquire %s: %s\n", name, message(err))
+		logger.Error("failed", slog.String("error", message(err)))
 		return code(err)
 	}
 	defer lease.Release(context.Background())
@@ -43,7 +44,7 @@ func acquire(ctx context.Context, c *amqpsem.Client, cfg *config, stdout, stderr
 
 	reaper, err := command.StartReaper("amqpsem", "")
 	if err != nil {
-		fmt.Fprintf(stderr, "amqpsem: no reaper: an amqpsem killed outright leaves its command running: %s\n", message(err))
+		logger.Warn("no reaper: an amqpsem killed outright leaves its command running", slog.Int("slot", slot), slog.String("error", message(err)))
 	}
 	defer reaper.Close()
 	cmd := exec.Command(cfg.rest[0], cfg.rest[1:]...)
@@ -51,13 +52,13 @@ func acquire(ctx context.Context, c *amqpsem.Client, cfg *config, stdout, stderr
 	cmd.Env = append(os.Environ(), "AMQPSEM_NAME="+name, "AMQPSEM_SLOT="+strconv.Itoa(slot))
 	exit, err := command.RunLease(lease, cmd, command.Options{
 		Grace: cfg.grace, Signals: sigs, Reaper: reaper,
-		Logf: func(format string, a ...any) { fmt.Fprintf(stderr, "amqpsem: "+format+"\n", a...) },
+		Logf: func(format string, a ...any) { logger.Warn(fmt.Sprintf(format, a...), slog.Int("slot", slot)) },
 	})
 	switch {
 	case exit == exitLost:
-		fmt.Fprintf(stderr, "amqpsem: slot %d of %s lost while the command ran: %s\n", slot, name, message(context.Cause(lease.Context())))
+		logger.Error("slot lost while the command ran", slog.Int("slot", slot), slog.String("error", message(context.Cause(lease.Context()))))
 	case err != nil:
-		fmt.Fprintln(stderr, "amqpsem: "+message(err))
+		logger.Error("running the command failed", slog.Int("slot", slot), slog.String("error", message(err)))
 	}
 	return exit
 }

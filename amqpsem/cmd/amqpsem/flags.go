@@ -26,6 +26,7 @@ type config struct {
 	opts       []amqpsem.Option
 	timeout    time.Duration
 	grace      time.Duration
+	logFormat  string // text or json
 	try        bool
 	slots      int  // create, resize: the count
 	delta      byte // resize: '+', '-' or 0
@@ -33,7 +34,7 @@ type config struct {
 
 // flags are the command line's flags.
 type flags struct {
-	url, layout                       *string
+	url, layout, logFormat            *string
 	timeout, connectTimeout           *time.Duration
 	heartbeat, grace                  *time.Duration
 	try, ascending, tlsNoCheck        *bool
@@ -63,6 +64,7 @@ func newFlags(fs *flag.FlagSet) *flags {
 		tlsServer:      fs.String("tls-server-name", "", "server name to verify (amqps; default: the URL's host)"),
 		tlsNoCheck:     fs.Bool("tls-insecure", false, "do not verify the server's certificate (amqps; testing only)"),
 		grace:          fs.Duration("grace", 10*time.Second, "acquire: when the slot is lost, how long CMD has to exit after SIGTERM before SIGKILL"),
+		logFormat:      fs.String("log-format", "text", "format of the messages on standard error (usage errors aside): text or json"),
 	}
 	_ = fs.Int("beyond", 0, "ignored: status and wait check every slot number (kept for old scripts)")
 	return f
@@ -144,7 +146,10 @@ func (cfg *config) apply(f *flags, fail func(int, string, ...any) int) int {
 		return fail(exitUsage, "--connect-timeout must be positive, got %v", *f.connectTimeout)
 	case *f.grace < 0:
 		return fail(exitUsage, "--grace must not be negative, got %v", *f.grace)
+	case *f.logFormat != "text" && *f.logFormat != "json":
+		return fail(exitUsage, "--log-format must be text or json, got %q", *f.logFormat)
 	}
+	cfg.logFormat = *f.logFormat
 	cfg.opts = append(cfg.opts, amqpsem.WithConnectTimeout(*f.connectTimeout))
 	return cfg.applyTLS(f, fail)
 }

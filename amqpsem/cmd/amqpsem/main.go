@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -84,6 +85,15 @@ Examples:
   amqpsem --timeout 10m acquire builds -- make -j8
   amqpsem --try acquire builds -- ./nightly.sh || echo "busy or failed: $?"
 
+Messages:
+  amqpsem writes what the commands print (created, status, ...) on standard
+  output, and its messages on standard error through log/slog, one line
+  each: --log-format text (the default: time=... level=... msg=...
+  key=value) or json (one JSON object a line). Every line has the fields
+  command (the verb) and name (the semaphore's), and, where they apply,
+  slot and error. Usage errors (exit code 2), found before any I/O, are
+  plain lines "amqpsem: ...".
+
 Environment:
   AMQPSEM_URL     the broker URL, when --url is not given
   AMQPSEM_LAYOUT  the layout, when --layout is not given
@@ -137,14 +147,24 @@ func message(err error) string {
 
 // run runs amqpsem with args and returns its exit code.
 func run(args []string, stdout, stderr io.Writer) int {
+	var logger *slog.Logger // once the flags are read
+	// fail reports a usage error as a plain line, before any I/O, and
+	// any other failure through the logger.
 	fail := func(code int, format string, a ...any) int {
-		fmt.Fprintln(stderr, "amqpsem: "+fmt.Sprintf(format, a...))
+		msg := fmt.Sprintf(format, a...)
+		if code == exitUsage || logger == nil {
+			fmt.Fprintln(stderr, "amqpsem: "+msg)
+			return code
+		}
+		logger.Error("failed", slog.String("error", msg))
 		return code
 	}
 	cfg, exit := parse(args, stderr, fail)
 	if cfg == nil {
 		return exit
 	}
+	logger = newLogger(stderr, cfg.logFormat).With(slog.String("command", cfg.verb), slog.String("name", cfg.name))
+	slog.SetDefault(logger) // what the libraries log with the log package
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if cfg.verb == "acquire" {
@@ -160,7 +180,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exit
 	}
 	cfg.opts = append(cfg.opts, amqpsem.WithMutexWaitNotice(func(name string) {
-		fmt.Fprintf(stderr, "amqpsem: waiting for the administration mutex of %s (the exclusive queue %q): another connection holds it, likely another amqpsem administering %s (\"rabbitmqctl list_queues name owner_pid\" or the management UI shows which)\n", name, cfg.lay.Mutex(name), name)
+		logger.Info("waiting for the administration mutex: another connection holds it, likely another amqpsem administering the semaphore (\"rabbitmqctl list_queues name owner_pid\" or the management UI shows which)",
+			slog.String("mutex_queue", cfg.lay.Mutex(name)))
 	}))
 
 	c, err := amqpsem.Dial(ctx, cfg.url, cfg.opts...)
@@ -169,7 +190,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer c.Close()
 	if cfg.verb == "acquire" {
-		return acquire(ctx, c, cfg, stdout, stderr)
+		return acquire(ctx, c, cfg, stdout, stderr, logger)
 	}
 	a, err := c.Admin()
 	if err != nil {

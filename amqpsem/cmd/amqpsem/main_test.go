@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	neturl "net/url"
 	"os"
@@ -190,6 +191,7 @@ func TestCommand(t *testing.T) {
 	t.Cleanup(func() { run("destroy", name) })
 
 	expect(0, "Usage:", "--help")
+	expect(0, "-log-format", "--help")
 	expect(2, "missing NAME", "status")
 	expect(2, "bad slot count", "create", name, "0")
 	expect(2, "invalid name", "create", "amq.nope", "2")
@@ -259,7 +261,16 @@ func TestUsageBeforeDial(t *testing.T) {
 	bin := build(t)
 	const down = "amqp://guest:guest@127.0.0.1:1/"
 	_, expect := runner(t, bin)
-	expect(1, "", "--url", down, "status", "fine")
+	expect(1, " level=ERROR msg=failed command=status name=fine error=", "--url", down, "status", "fine")
+	expect(2, "--log-format", "--url", down, "--log-format", "xml", "status", "fine")
+	// --log-format json: one JSON object a line, with its fields.
+	out := expect(1, `"level":"ERROR"`, "--url", down, "--log-format", "json", "status", "fine")
+	var line map[string]any
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &line); err != nil {
+		t.Errorf("--log-format json: the output is not one JSON object: %v\n%s", err, out)
+	} else if line["command"] != "status" || line["name"] != "fine" || line["error"] == nil || line["error"] == "" || line["time"] == nil {
+		t.Errorf("--log-format json: the line lacks time, command, name or error: %v", line)
+	}
 	expect(2, "invalid name", "--url", down, "create", "amq.nope", "2")
 	expect(2, "invalid name", "--url", down, "status", "looks-like-a-slot-1-A")
 	expect(2, "invalid name", "--url", down, "--layout", "python", "acquire", "jobs-B-2", "--", "true")

@@ -15,16 +15,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log"
+	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/latchkey-go/latchkey/natsputex"
 )
@@ -120,6 +119,31 @@ NATS connection:
   and does not buffer writes while reconnecting (a write then fails at
   once rather than landing seconds later).
 
+Logging:
+  natslock logs to standard error, one line per event, with log/slog:
+  --log-format text (the default: time=... level=... msg=... key=value)
+  or json (one JSON object a line). Every line has the fields key and
+  token (this node's); events add phase, holder (the token in the key),
+  revision and error; commands (-v) add state (health check),
+  fencing_token (start), duration and error. Levels: DEBUG for each
+  command (-v), INFO for each event (the default), NOTICE for changes of
+  phase and of the connection (-q shows only these and failures), WARN
+  for failures, ERROR for what ends natslock. The reaper, once natslock
+  has died, writes plain lines prefixed "natslock-reaper:".
+
+Metrics:
+  With --metrics-addr host:port, natslock serves Prometheus metrics at
+  /metrics (through the OpenTelemetry Prometheus exporter) and its state
+  as JSON at /state: phase, holder, fencing token, time of the last
+  renewal, takeovers, start and stop commands by outcome, failed health
+  checks. Port 0 picks a free port: the log says which.
+    latchkey_natslock_phase{phase}                      1 for the current phase
+    latchkey_natslock_last_renewal_timestamp_seconds    broker time of the last write
+    latchkey_natslock_takeovers_total                   times this node took the key
+    latchkey_natslock_service_starts_total{outcome}     start commands, ok or failed
+    latchkey_natslock_service_stops_total{outcome}      stop commands, ok or failed
+    latchkey_natslock_health_check_failures_total       failed health checks
+
 Exit codes:
   0   stopped by SIGTERM, SIGINT or SIGHUP; the service was stopped
   1   could not connect, open the bucket or run (the message says why)
@@ -147,6 +171,8 @@ type config struct {
 	url, bucket, key, token string
 	health, start, stop     string
 	verbose, quiet          bool
+	logFormat               string
+	metricsAddr             string // "": no metrics
 	natsOpts                []nats.Option
 	opts                    []natsputex.Option
 }
@@ -157,19 +183,59 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cfg == nil {
 		return code
 	}
-	logger := log.New(stderr, "", log.LstdFlags|log.Lmicroseconds)
+	logger, err := newLogger(stderr, cfg.logFormat, logLevel(cfg.verbose, cfg.quiet))
+	if err != nil { // parse has checked the format
+		fmt.Fprintf(stderr, "natslock: %v\n", err)
+		return exitUsage
+	}
+	logger = logger.With(slog.String("key", cfg.key), slog.String("token", cfg.token))
+	slog.SetDefault(logger) // what the libraries log with the log package
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer cancel()
-	err := supervise(ctx, cfg, logger)
+	err = supervise(ctx, cfg, logger)
 	switch {
 	case errors.Is(err, natsputex.ErrStopFailed):
-		logger.Printf("natslock: key=%s %v", cfg.key, err)
+		logger.Error("natslock ends: the service may still run", slog.String("error", err.Error()))
 		return exitStopFailed
 	case err != nil:
-		logger.Printf("natslock: key=%s %v", cfg.key, err)
+		logger.Error("natslock ends", slog.String("error", err.Error()))
 		return exitFailed
 	}
 	return exitOK
+}
+
+// flags are the command line's flags.
+type flags struct {
+	r, margin, reconnectWait                    *time.Duration
+	f, c, replicas, maxReconnects               *int
+	health, start, stop, creds, tlsCert, tlsKey *string
+	tlsCA, logFormat, metricsAddr               *string
+	verbose, quiet, version                     *bool
+}
+
+// newFlags defines natslock's flags in fs.
+func newFlags(fs *flag.FlagSet) *flags {
+	return &flags{
+		r:             fs.Duration("r", time.Second, "R, the lock renewal interval"),
+		f:             fs.Int("f", 3, "F, renewal intervals without a write before a standby takes the key"),
+		c:             fs.Int("c", 1, "C, renewal intervals to wait after a takeover before starting the service"),
+		margin:        fs.Duration("margin", 0, "safety margin: an active node stops after T minus this without a renewal (default R/2)"),
+		health:        fs.String("healthcheck", "", "health-check command, run with sh -c; $1 and $NATSLOCK_STATE are active or standby"),
+		start:         fs.String("start", "", "command that unfences this node, fences the others and starts the service; $1 and $NATSLOCK_TOKEN are the fencing token; it must return"),
+		stop:          fs.String("stop", "", "command that kills or fences the service on this node; it must return"),
+		creds:         fs.String("creds", "", "NATS credentials file"),
+		tlsCert:       fs.String("tlscert", "", "TLS client certificate file"),
+		tlsKey:        fs.String("tlskey", "", "TLS client key file"),
+		tlsCA:         fs.String("tlsca", "", "TLS CA certificate file"),
+		replicas:      fs.Int("replicas", 1, "replicas of the bucket, if natslock creates it"),
+		reconnectWait: fs.Duration("reconnect-wait", 100*time.Millisecond, "time between reconnection attempts to one NATS server (plus up to 100ms of jitter, 1s with TLS)"),
+		maxReconnects: fs.Int("max-reconnects", -1, "reconnection attempts before natslock gives up and exits; -1: never give up"),
+		verbose:       fs.Bool("v", false, "verbose: also log each command natslock runs, with its duration and result (level DEBUG)"),
+		quiet:         fs.Bool("q", false, "quiet: log only failures and changes of phase (level NOTICE and above)"),
+		logFormat:     fs.String("log-format", "text", "log format on standard error: text or json"),
+		metricsAddr:   fs.String("metrics-addr", "", "serve Prometheus metrics at /metrics and the state as JSON at /state on this host:port (port 0: any free port); off by default"),
+		version:       fs.Bool("version", false, "print natslock's version and exit"),
+	}
 }
 
 // parse reads the command line. It returns nil and the exit code when
@@ -177,24 +243,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 func parse(args []string, stdout, stderr io.Writer) (*config, int) {
 	fs := flag.NewFlagSet("natslock", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // natslock reports errors itself
-	r := fs.Duration("r", time.Second, "R, the lock renewal interval")
-	f := fs.Int("f", 3, "F, renewal intervals without a write before a standby takes the key")
-	c := fs.Int("c", 1, "C, renewal intervals to wait after a takeover before starting the service")
-	margin := fs.Duration("margin", 0, "safety margin: an active node stops after T minus this without a renewal (default R/2)")
-	health := fs.String("healthcheck", "", "health-check command, run with sh -c; $1 and $NATSLOCK_STATE are active or standby")
-	start := fs.String("start", "", "command that unfences this node, fences the others and starts the service; $1 and $NATSLOCK_TOKEN are the fencing token; it must return")
-	stop := fs.String("stop", "", "command that kills or fences the service on this node; it must return")
-	creds := fs.String("creds", "", "NATS credentials file")
-	tlsCert := fs.String("tlscert", "", "TLS client certificate file")
-	tlsKey := fs.String("tlskey", "", "TLS client key file")
-	tlsCA := fs.String("tlsca", "", "TLS CA certificate file")
-	replicas := fs.Int("replicas", 1, "replicas of the bucket, if natslock creates it")
-	reconnectWait := fs.Duration("reconnect-wait", 100*time.Millisecond, "time between reconnection attempts to one NATS server (plus up to 100ms of jitter, 1s with TLS)")
-	maxReconnects := fs.Int("max-reconnects", -1, "reconnection attempts before natslock gives up and exits; -1: never give up")
-	verbose := fs.Bool("v", false, "verbose: also log each command natslock runs, with its duration and result")
-	quiet := fs.Bool("q", false, "quiet: log only failures and changes of phase")
-	version := fs.Bool("version", false, "print natslock's version and exit")
-
+	f := newFlags(fs)
 	usageErr := func(format string, a ...any) (*config, int) {
 		fmt.Fprintf(stderr, "natslock: "+format+"\nRun natslock --help for usage.\n", a...)
 		return nil, exitUsage
@@ -208,7 +257,7 @@ func parse(args []string, stdout, stderr io.Writer) (*config, int) {
 		}
 		return usageErr("%v", err)
 	}
-	if *version {
+	if *f.version {
 		fmt.Fprintln(stdout, "natslock", versionString())
 		return nil, exitOK
 	}
@@ -217,47 +266,69 @@ func parse(args []string, stdout, stderr io.Writer) (*config, int) {
 	}
 	cfg := &config{
 		url: fs.Arg(0), bucket: fs.Arg(1), key: fs.Arg(2), token: fs.Arg(3),
-		health: *health, start: *start, stop: *stop, verbose: *verbose, quiet: *quiet,
+		health: *f.health, start: *f.start, stop: *f.stop, verbose: *f.verbose, quiet: *f.quiet,
+		logFormat: *f.logFormat, metricsAddr: *f.metricsAddr,
 	}
 	// Every argument is checked before any I/O: a typo must not wait for
 	// a connection to fail first.
-	switch {
-	case cfg.url == "":
-		return usageErr("empty NATS URL")
-	case *verbose && *quiet:
-		return usageErr("-v and -q exclude each other")
-	case *reconnectWait <= 0:
-		return usageErr("-reconnect-wait must be > 0, got %v", *reconnectWait)
-	case *maxReconnects < -1:
-		return usageErr("-max-reconnects must be >= -1 (-1: forever), got %d", *maxReconnects)
-	case (*tlsCert == "") != (*tlsKey == ""):
-		return usageErr("-tlscert and -tlskey go together")
+	if msg := checkFlags(cfg, f); msg != "" {
+		return usageErr("%s", msg)
 	}
 	cfg.opts = []natsputex.Option{
-		natsputex.WithRenewInterval(*r), natsputex.WithFailureThreshold(*f),
-		natsputex.WithConfirmations(*c), natsputex.WithReplicas(*replicas),
+		natsputex.WithRenewInterval(*f.r), natsputex.WithFailureThreshold(*f.f),
+		natsputex.WithConfirmations(*f.c), natsputex.WithReplicas(*f.replicas),
 	}
-	if *margin != 0 {
-		cfg.opts = append(cfg.opts, natsputex.WithSafetyMargin(*margin))
+	if *f.margin != 0 {
+		cfg.opts = append(cfg.opts, natsputex.WithSafetyMargin(*f.margin))
 	}
 	if err := natsputex.CheckSupervisor(cfg.bucket, cfg.key, cfg.token, cfg.opts...); err != nil {
 		return usageErr("%v", err)
 	}
-	cfg.natsOpts = append(natsputex.ConnectOptions(),
-		nats.Name("natslock "+cfg.token),
-		nats.MaxReconnects(*maxReconnects),
-		nats.ReconnectWait(*reconnectWait),
-	)
-	if *creds != "" {
-		cfg.natsOpts = append(cfg.natsOpts, nats.UserCredentials(*creds))
-	}
-	if *tlsCert != "" {
-		cfg.natsOpts = append(cfg.natsOpts, nats.ClientCert(*tlsCert, *tlsKey))
-	}
-	if *tlsCA != "" {
-		cfg.natsOpts = append(cfg.natsOpts, nats.RootCAs(*tlsCA))
-	}
+	cfg.natsOpts = natsOptions(cfg.token, f)
 	return cfg, exitOK
+}
+
+// checkFlags returns what is wrong with the flags, "" if nothing.
+func checkFlags(cfg *config, f *flags) string {
+	switch {
+	case cfg.url == "":
+		return "empty NATS URL"
+	case *f.verbose && *f.quiet:
+		return "-v and -q exclude each other"
+	case *f.reconnectWait <= 0:
+		return fmt.Sprintf("-reconnect-wait must be > 0, got %v", *f.reconnectWait)
+	case *f.maxReconnects < -1:
+		return fmt.Sprintf("-max-reconnects must be >= -1 (-1: forever), got %d", *f.maxReconnects)
+	case (*f.tlsCert == "") != (*f.tlsKey == ""):
+		return "-tlscert and -tlskey go together"
+	case *f.logFormat != "text" && *f.logFormat != "json":
+		return fmt.Sprintf("--log-format must be text or json, got %q", *f.logFormat)
+	}
+	if cfg.metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(cfg.metricsAddr); err != nil {
+			return fmt.Sprintf("--metrics-addr must be host:port: %v", err)
+		}
+	}
+	return ""
+}
+
+// natsOptions are the NATS connection's options the flags give.
+func natsOptions(token string, f *flags) []nats.Option {
+	opts := append(natsputex.ConnectOptions(),
+		nats.Name("natslock "+token),
+		nats.MaxReconnects(*f.maxReconnects),
+		nats.ReconnectWait(*f.reconnectWait),
+	)
+	if *f.creds != "" {
+		opts = append(opts, nats.UserCredentials(*f.creds))
+	}
+	if *f.tlsCert != "" {
+		opts = append(opts, nats.ClientCert(*f.tlsCert, *f.tlsKey))
+	}
+	if *f.tlsCA != "" {
+		opts = append(opts, nats.RootCAs(*f.tlsCA))
+	}
+	return opts
 }
 
 // version, if set at build time (-ldflags "-X main.version=v1.2.3"), is
@@ -286,141 +357,4 @@ func versionString() string {
 		}
 	}
 	return v + " " + bi.GoVersion
-}
-
-// supervise connects and runs the Supervisor until ctx ends. Its error
-// matches [natsputex.ErrStopFailed] when the last stop failed.
-func supervise(ctx context.Context, cfg *config, logger *log.Logger) error {
-	// A connection that gives up reconnecting (-max-reconnects) ends the
-	// run: the Supervisor stops the service, and natslock exits 1.
-	ctx, closed := context.WithCancelCause(ctx)
-	defer closed(nil)
-	var reaper *natsputex.CommandReaper
-	if cfg.start != "" {
-		var err error
-		if reaper, err = natsputex.StartCommandReaper(cfg.stop); err != nil {
-			logger.Printf("natslock: key=%s no reaper: a natslock killed outright leaves its service running: %v", cfg.key, err)
-			reaper = nil
-		} else {
-			defer func() {
-				if err := reaper.Close(); err != nil {
-					logger.Printf("natslock: key=%s %v", cfg.key, err)
-				}
-			}()
-		}
-	}
-	natsOpts := append(cfg.natsOpts[:len(cfg.natsOpts):len(cfg.natsOpts)],
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if ctx.Err() == nil {
-				logger.Printf("natslock: key=%s disconnected from NATS: %v", cfg.key, err)
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			logger.Printf("natslock: key=%s reconnected to NATS at %s", cfg.key, nc.ConnectedUrlRedacted())
-		}),
-		nats.ClosedHandler(func(nc *nats.Conn) {
-			if ctx.Err() == nil {
-				closed(fmt.Errorf("the NATS connection closed (it stopped reconnecting): %v", nc.LastError()))
-			}
-		}),
-	)
-	nc, err := nats.Connect(cfg.url, natsOpts...)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	opts := cfg.opts
-	if cfg.health != "" {
-		check := natsputex.CommandHealthCheck(cfg.health)
-		if cfg.verbose {
-			check = timedCheck(check, cfg.key, logger)
-		}
-		opts = append(opts[:len(opts):len(opts)], natsputex.WithHealthCheck(check))
-	}
-	client, err := natsputex.New(ctx, js, cfg.bucket, opts...)
-	if err != nil {
-		return err
-	}
-	defer client.Close(context.WithoutCancel(ctx))
-	svc := reaper.Service(cfg.start, cfg.stop, observer(cfg, logger))
-	if cfg.verbose {
-		svc = timedService(svc, cfg, logger)
-	}
-	sup, err := client.Supervisor(cfg.key, cfg.token, svc)
-	if err != nil {
-		return err
-	}
-	logger.Printf("natslock: key=%s token=%q T=%v: running", cfg.key, cfg.token, client.TTL())
-	err = sup.Run(ctx)
-	cause := context.Cause(ctx)
-	switch {
-	case errors.Is(err, natsputex.ErrStopFailed):
-		return err
-	case err != nil && ctx.Err() == nil:
-		return err
-	case cause != nil && !errors.Is(cause, context.Canceled):
-		return cause
-	}
-	return nil
-}
-
-// observer logs the Supervisor's events: every one, or with -q only
-// failures and changes of phase.
-func observer(cfg *config, logger *log.Logger) func(natsputex.Event) {
-	var mu sync.Mutex
-	last := natsputex.Phase(-1)
-	return func(e natsputex.Event) {
-		mu.Lock()
-		changed := e.Phase != last
-		last = e.Phase
-		mu.Unlock()
-		if cfg.quiet && !changed && e.Err == nil {
-			return
-		}
-		logger.Printf("natslock: key=%s %s", cfg.key, e)
-	}
-}
-
-// timedCheck is check, logged with its duration (-v).
-func timedCheck(check natsputex.HealthCheck, key string, logger *log.Logger) natsputex.HealthCheck {
-	return func(ctx context.Context, s natsputex.State) error {
-		begin := time.Now()
-		err := check(ctx, s)
-		logCommand(logger, key, "health check ("+s.String()+")", begin, err)
-		return err
-	}
-}
-
-// timedService logs each start and stop command with its duration (-v).
-func timedService(svc natsputex.Service, cfg *config, logger *log.Logger) natsputex.Service {
-	if start := svc.Start; start != nil {
-		svc.Start = func(ctx context.Context, token uint64) error {
-			begin := time.Now()
-			err := start(ctx, token)
-			logCommand(logger, cfg.key, fmt.Sprintf("start command (token %d)", token), begin, err)
-			return err
-		}
-	}
-	if stop := svc.Stop; stop != nil {
-		svc.Stop = func(ctx context.Context) error {
-			begin := time.Now()
-			err := stop(ctx)
-			logCommand(logger, cfg.key, "stop command", begin, err)
-			return err
-		}
-	}
-	return svc
-}
-
-func logCommand(logger *log.Logger, key, what string, begin time.Time, err error) {
-	took := time.Since(begin).Round(time.Millisecond)
-	if err != nil {
-		logger.Printf("natslock: key=%s %s failed after %v: %v", key, what, took, err)
-		return
-	}
-	logger.Printf("natslock: key=%s %s succeeded in %v", key, what, took)
 }

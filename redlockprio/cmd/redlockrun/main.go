@@ -15,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -64,6 +65,13 @@ amqpsem acquire's too):
   otherwise COMMAND's own exit status, or 128+N when COMMAND was killed by
   signal N.
 
+Messages:
+  redlockrun's messages go to standard error through log/slog, one line
+  each: -log-format text (the default: time=... level=... msg=...
+  key=value) or json (one JSON object a line). Every line has the field
+  name (the lock's), and, where they apply, token and error. Usage errors
+  (exit code 2), found before any I/O, are plain lines "redlockrun: ...".
+
 Flags:
 `
 
@@ -80,6 +88,7 @@ type config struct {
 	try     bool
 	timeout time.Duration
 	grace   time.Duration
+	logFmt  string // text or json
 }
 
 // run runs redlockrun with args and returns its exit code.
@@ -88,6 +97,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cfg == nil {
 		return exit
 	}
+	logger := newLogger(stderr, cfg.logFmt).With(slog.String("name", cfg.name))
+	slog.SetDefault(logger) // what the libraries log with the log package
+	redis.SetLogger(redisLogger{logger})
 	masters := make([]redis.UniversalClient, len(cfg.addrs))
 	for i, addr := range cfg.addrs {
 		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
@@ -96,10 +108,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	client, err := redlockprio.New(masters, cfg.opts...)
 	if err != nil {
-		return fail(stderr, code(err), "%v", err)
+		if code(err) == command.ExitUsage {
+			return fail(stderr, command.ExitUsage, "%v", err)
+		}
+		logger.Error("failed", slog.String("error", err.Error()))
+		return code(err)
 	}
 	defer client.Close(context.Background())
-	return runLocked(client.Locker(), cfg, stdout, stderr)
+	return runLocked(client.Locker(), cfg, stdout, stderr, logger)
 }
 
 // parse reads the command line and checks it before any I/O. It returns
@@ -119,6 +135,7 @@ func parse(args []string, stderr io.Writer) (*config, int) {
 	try := fs.Bool("try", false, "fail at once (exit code 3) when the lock is held")
 	timeout := fs.Duration("timeout", 0, "give up waiting for the lock after this long (0: no limit); exit code 3")
 	grace := fs.Duration("grace", 10*time.Second, "when the lock is lost, how long COMMAND has to exit after SIGTERM before SIGKILL")
+	logFmt := fs.String("log-format", "text", "format of the messages on standard error (usage errors aside): text or json")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, command.ExitOK
@@ -129,7 +146,7 @@ func parse(args []string, stderr io.Writer) (*config, int) {
 	if len(rest) < 3 || rest[1] != "--" {
 		return nil, fail(stderr, command.ExitUsage, "want NAME -- COMMAND [ARG...], got %q (see redlockrun --help)", rest)
 	}
-	cfg := &config{name: rest[0], argv: rest[2:], try: *try, timeout: *timeout, grace: *grace}
+	cfg := &config{name: rest[0], argv: rest[2:], try: *try, timeout: *timeout, grace: *grace, logFmt: *logFmt}
 	for _, a := range strings.Split(*addrs, ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			cfg.addrs = append(cfg.addrs, a)
@@ -142,6 +159,8 @@ func parse(args []string, stderr io.Writer) (*config, int) {
 		return nil, fail(stderr, command.ExitUsage, "-timeout must not be negative, got %v", *timeout)
 	case *grace < 0:
 		return nil, fail(stderr, command.ExitUsage, "-grace must not be negative, got %v", *grace)
+	case *logFmt != "text" && *logFmt != "json":
+		return nil, fail(stderr, command.ExitUsage, "-log-format must be text or json, got %q", *logFmt)
 	}
 	cfg.opts = []redlockprio.Option{redlockprio.WithTTL(*ttl), redlockprio.WithPriority(*priority)}
 	if *twoMasters {
@@ -151,31 +170,36 @@ func parse(args []string, stderr io.Writer) (*config, int) {
 }
 
 // runLocked takes the lock and runs the command under it.
-func runLocked(locker *redlockprio.Locker, cfg *config, stdout, stderr io.Writer) int {
+func runLocked(locker *redlockprio.Locker, cfg *config, stdout, stderr io.Writer, logger *slog.Logger) int {
 	sigs := command.CatchSignals()
 	defer sigs.Stop()
 	lease, err := lock(locker, cfg, sigs)
 	if err != nil {
-		return fail(stderr, code(err), "%v", err)
+		if code(err) == command.ExitUsage {
+			return fail(stderr, command.ExitUsage, "%v", err)
+		}
+		logger.Error("failed", slog.String("error", err.Error()))
+		return code(err)
 	}
 	defer lease.Release(context.Background())
+	logger = logger.With(slog.Uint64("token", lease.Token()))
 
 	reaper, err := command.StartReaper("redlockrun", "")
 	if err != nil {
-		fmt.Fprintf(stderr, "redlockrun: no reaper: a redlockrun killed outright leaves its command running: %v\n", err)
+		logger.Warn("no reaper: a redlockrun killed outright leaves its command running", slog.String("error", err.Error()))
 	}
 	defer reaper.Close()
 	cmd := exec.Command(cfg.argv[0], cfg.argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	exit, err := command.RunLease(lease, cmd, command.Options{
 		Grace: cfg.grace, Signals: sigs, Reaper: reaper,
-		Logf: func(format string, a ...any) { fmt.Fprintf(stderr, "redlockrun: "+format+"\n", a...) },
+		Logf: func(format string, a ...any) { logger.Warn(fmt.Sprintf(format, a...)) },
 	})
 	switch {
 	case exit == command.ExitLost:
-		fmt.Fprintf(stderr, "redlockrun: lock %s (token %d) lost while the command ran: %v\n", cfg.name, lease.Token(), context.Cause(lease.Context()))
+		logger.Error("lock lost while the command ran", slog.String("error", context.Cause(lease.Context()).Error()))
 	case err != nil:
-		fmt.Fprintf(stderr, "redlockrun: %v\n", err)
+		logger.Error("running the command failed", slog.String("error", err.Error()))
 	}
 	return exit
 }
@@ -207,7 +231,7 @@ func code(err error) int {
 	return command.ExitError
 }
 
-// fail reports a failure and returns code.
+// fail reports a usage error, as a plain line, and returns code.
 func fail(stderr io.Writer, code int, format string, a ...any) int {
 	fmt.Fprintf(stderr, "redlockrun: "+format+"\n", a...)
 	return code

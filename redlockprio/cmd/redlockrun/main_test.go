@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -191,6 +192,7 @@ func readPid(t *testing.T, path string) int {
 func TestUsage(t *testing.T) {
 	bin := build(t)
 	expect(t, bin, 0, "Exit codes", "--help")
+	expect(t, bin, 0, "-log-format", "--help")
 	expect(t, bin, 2, "want NAME -- COMMAND", "name")
 	expect(t, bin, 2, "want NAME -- COMMAND", "name", "true")
 	expect(t, bin, 2, "", "-nosuchflag", "name", "--", "true")
@@ -199,7 +201,30 @@ func TestUsage(t *testing.T) {
 	// (nothing listens on port 1).
 	expect(t, bin, 2, "", "-addrs", "127.0.0.1:1,127.0.0.1:2", "name", "--", "true")
 	expect(t, bin, 2, "", "-addrs", "127.0.0.1:1", "bad{name}", "--", "true")
-	expect(t, bin, 1, "", "-addrs", "127.0.0.1:1", "name", "--", "true")
+	expect(t, bin, 2, "-log-format", "-log-format", "xml", "name", "--", "true")
+	expect(t, bin, 1, " level=ERROR msg=failed name=name error=", "-addrs", "127.0.0.1:1", "name", "--", "true")
+	out := expect(t, bin, 1, `"level":"ERROR"`, "-log-format", "json", "-addrs", "127.0.0.1:1", "name", "--", "true")
+	// go-redis's own messages (failed dials) come through the logger too.
+	errors := 0
+	for l := range strings.Lines(out) {
+		var line map[string]any
+		if err := json.Unmarshal([]byte(l), &line); err != nil {
+			t.Errorf("-log-format json: a line is not a JSON object: %v: %q", err, l)
+			continue
+		}
+		if line["name"] != "name" || line["time"] == nil || line["msg"] == "" {
+			t.Errorf("-log-format json: a line lacks time, name or msg: %v", line)
+		}
+		if line["level"] == "ERROR" {
+			errors++
+			if e, _ := line["error"].(string); !strings.Contains(e, "127.0.0.1:1") {
+				t.Errorf("-log-format json: the error line does not say which master failed: %v", line)
+			}
+		}
+	}
+	if errors != 1 {
+		t.Errorf("-log-format json: %d ERROR lines, want 1:\n%s", errors, out)
+	}
 }
 
 // TestRun: the command's environment and exit status, contention with
@@ -258,7 +283,7 @@ func TestLost(t *testing.T) {
 	if code := h.exitCode(t, 20*time.Second); code != 4 {
 		t.Fatalf("redlockrun exited %d after its lock vanished, want 4:\n%s", code, h.out.String())
 	}
-	if out := h.out.String(); !strings.Contains(out, "lost") || !strings.Contains(out, "killing") {
+	if out := h.out.String(); !strings.Contains(out, `level=ERROR msg="lock lost while the command ran" name=`) || !strings.Contains(out, " token=") || !strings.Contains(out, "killing") {
 		t.Errorf("no word of the loss and the kill:\n%s", out)
 	}
 	waitGone(t, pid, 5*time.Second)
