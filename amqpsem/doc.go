@@ -126,7 +126,7 @@
 //     most 255 bytes for the mutex and slot 1, not starting with the
 //     reserved "amq.", and, for the default layout, not ending like a
 //     slot or holder queue of another semaphore. A long name has fewer
-//     slots than [MaxSlots]: as many as its queue names fit
+//     slots than [MaxSemaphoreSize]: as many as its queue names fit
 //     ([Layout.SlotLimit]; a 251-byte name in [PythonLayout] has 9).
 //   - [Admin.Remove] of more slots than there are returns
 //     [ErrInvalidSlots] and changes nothing, where the specification

@@ -19,7 +19,7 @@ func Example() {
 		log.Print(err) // no broker here
 		return
 	}
-	defer c.Close()
+	defer c.Close(context.Background())
 
 	admin, _ := c.Admin()
 	if err := admin.Create(ctx, "example-builds", 2); err != nil {
@@ -27,7 +27,7 @@ func Example() {
 	}
 	defer admin.Destroy(ctx, "example-builds")
 
-	sem, _ := c.Semaphore()
+	sem, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
 	lease, err := sem.Acquire(ctx, "example-builds")
 	if err != nil {
 		log.Fatal(err)
@@ -50,8 +50,8 @@ func ExampleMutex() {
 		log.Print(err) // no broker here
 		return
 	}
-	defer c.Close()
-	m, _ := c.Mutex()
+	defer c.Close(context.Background())
+	m := c.Locker()
 	lease, err := m.Lock(ctx, "example-migrations")
 	if err != nil {
 		log.Print(err)
@@ -75,7 +75,7 @@ func ExamplePythonLayout() {
 		log.Print(err) // no broker here
 		return
 	}
-	defer c.Close()
+	defer c.Close(context.Background())
 	// Semaphores, Mutexes and Admins of c use the Python implementation's
 	// queue names.
 
@@ -102,6 +102,6 @@ func ExampleWithConnectionNotice() {
 		log.Print(err) // no broker here
 		return
 	}
-	defer c.Close()
+	defer c.Close(context.Background())
 	fmt.Println("connected:", c.Connected())
 }

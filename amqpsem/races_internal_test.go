@@ -3,6 +3,7 @@ package amqpsem
 import (
 	"context"
 	"errors"
+	"github.com/latchkey-go/latchkey/locks/driver"
 	"sync"
 	"testing"
 	"time"
@@ -69,10 +70,16 @@ func internalSem(t *testing.T, c *Client, ctx context.Context, name string, slot
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = a.Destroy(context.Background(), name) })
-	s, err := c.Semaphore(opts...)
+	s, err := c.Semaphore(MaxSemaphoreSize)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Options of this Semaphore only (its test hooks), on top of the
+	// client's.
+	if err := driver.Apply(&s.opts, opts); err != nil {
+		t.Fatal(err)
+	}
+	s.admin.opts = s.opts
 	return s
 }
 
@@ -189,7 +196,7 @@ func TestSlotRemovedWhileAcquiring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = admin.Close() })
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
 	a, err := admin.Admin()
 	if err != nil {
 		t.Fatal(err)

@@ -49,7 +49,7 @@ func dial(t *testing.T, rawURL string, opts ...amqpsem.Option) *amqpsem.Client {
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
 }
 
@@ -62,9 +62,9 @@ func admin(t *testing.T, c *amqpsem.Client, opts ...amqpsem.Option) *amqpsem.Adm
 	return a
 }
 
-func semaphore(t *testing.T, c *amqpsem.Client, opts ...amqpsem.Option) *amqpsem.Semaphore {
+func semaphore(t *testing.T, c *amqpsem.Client, size int) *amqpsem.Semaphore {
 	t.Helper()
-	s, err := c.Semaphore(opts...)
+	s, err := c.Semaphore(size)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestAcquireScansAndVerifies(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rawConn(t, u)
-	s := semaphore(t, c)
+	s := semaphore(t, c, amqpsem.MaxSemaphoreSize)
 	var leases []*amqpsem.Lease
 	for want := 1; want <= 3; want++ {
 		l, err := s.TryAcquire(ctx, name)
@@ -277,7 +277,7 @@ func TestRemoveHeldSlot(t *testing.T) {
 	// A long heartbeat makes the holder's own verification rare, so the
 	// test sees the removed slot still held.
 	holder := dial(t, u, amqpsem.WithHeartbeat(20*time.Second), amqpsem.WithVerifyInterval(10*time.Second))
-	s := semaphore(t, holder)
+	s := semaphore(t, holder, amqpsem.MaxSemaphoreSize)
 	l1, err := s.TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -332,7 +332,7 @@ func TestPeriodicVerify(t *testing.T) {
 	if err := a.Create(ctx, name, 1); err != nil {
 		t.Fatal(err)
 	}
-	l, err := semaphore(t, dial(t, u)).TryAcquire(ctx, name)
+	l, err := semaphore(t, dial(t, u), amqpsem.MaxSemaphoreSize).TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +454,7 @@ func TestResourceLockedRace(t *testing.T) {
 	}
 	sems := make([]*amqpsem.Semaphore, clients)
 	for i := range sems {
-		sems[i] = semaphore(t, dial(t, u), amqpsem.WithSkew(0), amqpsem.WithMaxAttempts(slots+1))
+		sems[i] = semaphore(t, dial(t, u, amqpsem.WithSkew(0), amqpsem.WithMaxAttempts(slots+1)), amqpsem.MaxSemaphoreSize)
 	}
 	for round := range 3 {
 		var (
@@ -511,12 +511,12 @@ func TestProxyCut(t *testing.T) {
 		var d net.Dialer
 		return d.DialContext(ctx, network, p.Addr())
 	})
-	holder := semaphore(t, dial(t, u, viaProxy))
+	holder := semaphore(t, dial(t, u, viaProxy), amqpsem.MaxSemaphoreSize)
 	l, err := holder.TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := semaphore(t, dial(t, u))
+	other := semaphore(t, dial(t, u), amqpsem.MaxSemaphoreSize)
 	if _, err := other.TryAcquire(ctx, name); !errors.Is(err, locks.ErrNotAcquired) {
 		t.Fatalf("TryAcquire of the held slot = %v", err)
 	}
@@ -586,7 +586,7 @@ func TestPythonLayout(t *testing.T) {
 	if _, err := py.QueueDeclare(name+"-B-1", false, false, true, false, pyArgs); err != nil {
 		t.Fatal(err)
 	}
-	l, err := semaphore(t, c).TryAcquire(ctx, name)
+	l, err := semaphore(t, c, amqpsem.MaxSemaphoreSize).TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -627,7 +627,7 @@ func TestBadInput(t *testing.T) {
 	ctx := tctx(t)
 	c := dial(t, u)
 	a := admin(t, c)
-	s := semaphore(t, c)
+	s := semaphore(t, c, amqpsem.MaxSemaphoreSize)
 	r := rawConn(t, u)
 	for _, name := range []string{"", "amq.x", "bad\nname", "looks-like-a-slot-1-A", string(bytesOf('x', 252))} {
 		if err := a.Create(ctx, name, 1); !errors.Is(err, locks.ErrInvalidName) {
@@ -638,7 +638,7 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 	name := uniqueName(t, u)
-	for _, n := range []int{0, -1, amqpsem.MaxSlots + 1} {
+	for _, n := range []int{0, -1, amqpsem.MaxSemaphoreSize + 1} {
 		if err := a.Create(ctx, name, n); !errors.Is(err, amqpsem.ErrInvalidSlots) || !errors.Is(err, locks.ErrInvalidOption) {
 			t.Errorf("Create(%d slots) = %v, want ErrInvalidSlots", n, err)
 		}
@@ -675,8 +675,8 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("Dial with wrong credentials = %v, want ACCESS_REFUSED", err)
 	}
 	closed := dial(t, u)
-	_ = closed.Close()
-	cs := semaphore(t, closed)
+	_ = closed.Close(context.Background())
+	cs := semaphore(t, closed, amqpsem.MaxSemaphoreSize)
 	if _, err := cs.TryAcquire(ctx, name); !errors.Is(err, locks.ErrClosed) {
 		t.Errorf("TryAcquire on a closed client = %v, want ErrClosed", err)
 	}
@@ -703,13 +703,9 @@ func TestMutexReservedNames(t *testing.T) {
 	u, _ := amqpURL(t)
 	name := uniqueName(t, u)
 	ctx := tctx(t)
-	c := dial(t, u)
 	r := rawConn(t, u)
 	for _, lay := range []amqpsem.Layout{amqpsem.DefaultLayout, amqpsem.PythonLayout} {
-		m, err := c.Mutex(amqpsem.WithLayout(lay))
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := dial(t, u, amqpsem.WithLayout(lay)).Locker()
 		for _, q := range []string{lay.Slot(name, 3), lay.Holder(name, 3)} {
 			if l, err := m.TryLock(ctx, q); !errors.Is(err, locks.ErrInvalidName) {
 				if err == nil {
@@ -741,10 +737,7 @@ func TestMissingWakeExchange(t *testing.T) {
 	ctx := tctx(t)
 	base := uniqueName(t, u)
 	c := dial(t, u, amqpsem.WithWakeExchange(base+"-no-such-exchange"))
-	m, err := c.Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := c.Locker()
 	var queues []string
 	for i := range 40 {
 		l, err := m.TryLock(ctx, fmt.Sprintf("%s-%d", base, i))
@@ -809,7 +802,7 @@ func TestDialCancelledAfterHandshake(t *testing.T) {
 	})
 	c, err := amqpsem.Dial(ctx, u, append(testOptions(), viaHook)...)
 	if err == nil {
-		_ = c.Close()
+		_ = c.Close(context.Background())
 		t.Fatal("Dial returned a client after its context ended and interrupted the connection")
 	}
 	if !errors.Is(err, context.Canceled) {
@@ -910,10 +903,7 @@ func TestUnexpectedQueueArguments(t *testing.T) {
 		t.Fatal("a failed Create left slot 1 behind")
 	}
 
-	m, err := c.Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := c.Locker()
 	taken := uniqueName(t, u)
 	if err := r.declare(taken, true, false, nil); err != nil {
 		t.Fatal(err)
@@ -994,7 +984,7 @@ func TestHeartbeatNegotiated(t *testing.T) {
 			t.Fatalf("%s: Dial: %v", tc.what, err)
 		}
 		got := c.Heartbeat()
-		_ = c.Close()
+		_ = c.Close(context.Background())
 		if want := negotiated(tc.asked); got != want {
 			t.Errorf("%s: Heartbeat() = %v, want %v (asked for %v, the broker proposes %v)", tc.what, got, want, tc.asked, broker)
 		}
@@ -1017,17 +1007,14 @@ func TestHolderQueueArguments(t *testing.T) {
 	u, _ := amqpURL(t)
 	name := uniqueName(t, u)
 	ctx := tctx(t)
-	c := dial(t, u)
+	c := dial(t, u, amqpsem.WithCreate(true))
 	r := rawConn(t, u)
-	l, err := semaphore(t, c, amqpsem.WithCreate(1)).TryAcquire(ctx, name)
+	l, err := semaphore(t, c, 1).TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	slot := l.(*amqpsem.Lease)
-	m, err := c.Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := c.Locker()
 	mutexName := uniqueName(t, u)
 	ml, err := m.TryLock(ctx, mutexName)
 	if err != nil {
@@ -1113,7 +1100,7 @@ func TestProbesExpireAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	l, err := semaphore(t, dial(t, u)).TryAcquire(ctx, name)
+	l, err := semaphore(t, dial(t, u), amqpsem.MaxSemaphoreSize).TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1140,13 +1127,13 @@ func TestWithCreate(t *testing.T) {
 	r := rawConn(t, u)
 
 	missing := uniqueName(t, u)
-	if _, err := semaphore(t, c).TryAcquire(ctx, missing); !errors.Is(err, amqpsem.ErrNoSlots) {
+	if _, err := semaphore(t, c, amqpsem.MaxSemaphoreSize).TryAcquire(ctx, missing); !errors.Is(err, amqpsem.ErrNoSlots) {
 		t.Fatalf("TryAcquire without WithCreate of a missing semaphore = %v, want ErrNoSlots", err)
 	}
 	checkSlots(t, r, missing, 0)
 
 	name := uniqueName(t, u)
-	s := semaphore(t, c, amqpsem.WithCreate(2))
+	s := semaphore(t, dial(t, u, amqpsem.WithCreate(true)), 2)
 	l, err := s.TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatalf("TryAcquire WithCreate(2) of a missing semaphore: %v", err)
@@ -1160,7 +1147,7 @@ func TestWithCreate(t *testing.T) {
 	}
 
 	// Another client asking for 3 finds the semaphore and leaves its size.
-	if l, err = semaphore(t, dial(t, u), amqpsem.WithCreate(3)).TryAcquire(ctx, name); err != nil {
+	if l, err = semaphore(t, dial(t, u, amqpsem.WithCreate(true)), 3).TryAcquire(ctx, name); err != nil {
 		t.Fatalf("TryAcquire WithCreate(3) of the 2-slot semaphore: %v", err)
 	}
 	checkSlots(t, r, name, 2)
