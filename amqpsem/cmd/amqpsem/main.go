@@ -289,7 +289,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(code(err), "%s", message(err))
 	}
-	defer c.Close()
+	defer func() {
+		// As before the kit's Close(ctx): at most 2s for the AMQP close.
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = c.Close(cctx)
+	}()
 	a, err := c.Admin()
 	if err != nil {
 		return fail(exitUsage, "%s", message(err))
@@ -403,7 +408,7 @@ func printStatus(w io.Writer, name string, st amqpsem.Status) {
 
 // acquire runs argv while holding a slot of name.
 func acquire(ctx context.Context, c *amqpsem.Client, name string, try bool, grace time.Duration, argv []string, stdout, stderr io.Writer) int {
-	s, err := c.Semaphore()
+	s, err := c.Semaphore(amqpsem.MaxSemaphoreSize) // any slot the broker has
 	if err != nil {
 		fmt.Fprintln(stderr, "amqpsem: "+message(err))
 		return exitUsage
