@@ -116,7 +116,7 @@ func above(slots []int, c int) []int {
 // held for each check, delaying administrators' changes that long. It
 // waits for the mutex while another connection holds it (calling the
 // [WithMutexWaitNotice] notice once), so do not call it while holding
-// name's administration mutex (a [Mutex] lease on name), which would make
+// name's administration mutex (a [Locker] lease on name), which would make
 // it wait until ctx ends.
 //
 // What it cannot see: a slot taken after its last check. A client of this

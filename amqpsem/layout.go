@@ -29,8 +29,8 @@ const MaxSemaphoreSize = 65535
 // declare whose arguments differ from the existing queue's
 // (PRECONDITION_FAILED).
 //
-// The [Mutex] uses the layout's Mutex name and Args for its queue, so a
-// Mutex on N is the administration mutex of the semaphore N.
+// The [Locker] uses the layout's Mutex name and Args for its queue, so a
+// lock on N is the administration mutex of the semaphore N.
 type Layout struct {
 	// Name names the layout in messages and [Status]: "default" and
 	// "python" for the layouts of this package.

@@ -35,7 +35,7 @@ func (h *harness) ChildEnv() []string {
 
 // newChildLocker is the Locker of a holder process, as NewClient makes it.
 func newChildLocker(ctx context.Context) (locks.Locker, func() error, error) {
-	c, err := amqpsem.Dial(ctx, os.Getenv(childURLEnv), testOptions()...)
+	c, err := amqpsem.Dial(ctx, os.Getenv(childURLEnv), append(testOptions(), amqpsem.WithCreate(true))...)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -11,7 +11,7 @@ import (
 // waker delivers release notifications to the client's waiting calls, in
 // two ways.
 //
-// Waiting [Mutex] Locks take turns: the client consumes the name's
+// Waiting [Locker.Lock] calls take turns: the client consumes the name's
 // shared wake queue (see [turnQueue]), bound to the wake exchange with
 // the name as key, and RabbitMQ hands each release's wake-up to one of
 // its consumers, in turn. The client passes it to its oldest waiting call,
