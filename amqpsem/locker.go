@@ -124,8 +124,8 @@ func (m *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 
 // lock is Lock on a bound Locker, for queue q of name.
 func (m *Locker) lock(ctx context.Context, name, q string) (*Lease, error) {
-	yield := m.c.wakes.waitedAtRelease(ctx, q, m.opts.backoff.Min)
-	if !yield {
+	yieldToWoken := m.c.wakes.waitedAtRelease(ctx, q, m.opts.backoff.Min)
+	if !yieldToWoken {
 		l, err := m.try(ctx, name, false)
 		if err == nil {
 			return l, nil
@@ -137,10 +137,10 @@ func (m *Locker) lock(ctx context.Context, name, q string) (*Lease, error) {
 	sub, leave := m.c.wakes.takeTurns(ctx, name)
 	freeSeen := false
 	l, err := driver.Wait(ctx, sub.c, m.opts.backoff, func(ctx context.Context) (*Lease, error) {
-		if yield {
+		if yieldToWoken {
 			// Let the woken waiters go first: sleep until a wake-up or
 			// the first back-off delay.
-			yield = false
+			yieldToWoken = false
 			return nil, &locks.HeldError{Name: name, Holder: "a client this one yields to"}
 		}
 		if err := ctx.Err(); err != nil {
