@@ -87,6 +87,7 @@ func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
 	}
 	c.reg, err = driver.NewRegistry(driver.Config{Backend: "amqpsem", RenewEvery: s.verify, Renew: c.verifyLeases})
 	if err != nil {
+		s.start() // close waits for the watch
 		return nil, errors.Join(err, s.close(ctx))
 	}
 	c.install(s)

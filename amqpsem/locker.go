@@ -156,6 +156,10 @@ func (m *Locker) lock(ctx context.Context, name, q string) (*Lease, error) {
 			// likely free, so declare it without checking first.
 			freeSeen = false
 			l, err := m.try(ctx, name, false)
+			if amqpCode(err) == amqp.ResourceLocked {
+				// Another client took it first; the wait goes on.
+				m.cl.reg.Emit(driver.Event{Kind: driver.EventResourceLocked, Name: name, Err: err})
+			}
 			if err != nil && !errors.Is(err, locks.ErrNotAcquired) {
 				// Not used (ctx ended, the channel broke...): leave
 				// passes it on, or the other waiters would poll.

@@ -117,6 +117,15 @@ func TestRaceRetryLimitAndSkew(t *testing.T) {
 			r.drop(b1)
 		},
 	}))
+	var locked int
+	stop := s.Observe(func(e driver.Event) {
+		if e.Kind == driver.EventResourceLocked && e.Name == name && e.Backend == "amqpsem" {
+			mu.Lock()
+			locked++
+			mu.Unlock()
+		}
+	})
+	defer stop()
 	start := time.Now()
 	_, err := s.TryAcquire(ctx, name)
 	took := time.Since(start)
@@ -125,6 +134,9 @@ func TestRaceRetryLimitAndSkew(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	if locked != attempts {
+		t.Errorf("%d EventResourceLocked, want one per lost race: %d", locked, attempts)
+	}
 	if declares != attempts {
 		t.Errorf("%d declares, want WithMaxAttempts = %d", declares, attempts)
 	}
