@@ -223,14 +223,22 @@ func existing[T any](ctx context.Context, p *prober, cand []T, queue func(T) str
 // lockAdmin takes name's administration mutex, waiting for it when
 // another connection holds it; before waiting, it calls the mutex-wait
 // notice ([WithMutexWaitNotice]) unless *noticed, and sets *noticed.
-func (a *Admin) lockAdmin(ctx context.Context, name string, noticed *bool) (locks.Lease, error) {
-	lease, err := a.mutex.TryLock(ctx, name)
+func (a *Admin) lockAdmin(ctx context.Context, name string, noticed *bool) (*Lease, error) {
+	m, err := a.mutex.bind(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q, err := m.opts.layout.checkMutexName(name)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := m.try(ctx, name, false)
 	if errors.Is(err, locks.ErrNotAcquired) {
 		if f := a.opts.mutexWait; f != nil && !*noticed {
 			f(name)
 		}
 		*noticed = true
-		lease, err = a.mutex.Lock(ctx, name)
+		lease, err = m.lock(ctx, name, q)
 	}
 	return lease, err
 }

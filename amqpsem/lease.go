@@ -53,9 +53,9 @@ func (c *session) newLease(ctx context.Context, name string, slot int, slotQueue
 		Deadline: sent.Add(c.heartbeat),
 		Release:  func(ctx context.Context) error { return c.free(ctx, h) },
 	})
-	if err != nil {
+	if err != nil { // the client is closed
 		_ = c.free(context.WithoutCancel(ctx), h)
-		return nil, err
+		return nil, &closedError{client: true}
 	}
 	l.base = base
 	c.mu.Lock()
