@@ -110,7 +110,7 @@ func TestAttackRemoveRaceAcquire(t *testing.T) {
 	var wg sync.WaitGroup
 	for w := range 6 {
 		c := atkDial(t, url, "")
-		s, _ := c.Semaphore()
+		s, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
 		wg.Go(func() {
 			for {
 				select {

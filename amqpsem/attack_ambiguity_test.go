@@ -42,8 +42,8 @@ func TestAttackAmbiguousAcquire(t *testing.T) {
 				if err := atkAdmin(t, other).Create(ctx, name, 1); err != nil {
 					t.Fatal(err)
 				}
-				s, _ := c.Semaphore()
-				os, _ := other.Semaphore()
+				s, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
+				os, _ := other.Semaphore(amqpsem.MaxSemaphoreSize)
 				try = func(ctx context.Context) (locks.Lease, error) { return s.TryAcquire(ctx, name) }
 				otry = func(ctx context.Context) (locks.Lease, error) { return os.TryAcquire(ctx, name) }
 				queue = name + "-1-B"
@@ -54,8 +54,8 @@ func TestAttackAmbiguousAcquire(t *testing.T) {
 					l.Release(ctx)
 				}
 			} else {
-				m, _ := c.Mutex()
-				om, _ := other.Mutex()
+				m := c.Locker()
+				om := other.Locker()
 				try = func(ctx context.Context) (locks.Lease, error) { return m.TryLock(ctx, name) }
 				otry = func(ctx context.Context) (locks.Lease, error) { return om.TryLock(ctx, name) }
 				if l, err := try(ctx); err != nil {

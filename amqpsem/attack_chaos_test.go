@@ -43,7 +43,7 @@ func TestAttackChaosNeverMoreThanN(t *testing.T) {
 		p := testenv.NewProxy(t, host)
 		proxies = append(proxies, p)
 		c := atkDial(t, url, p.Addr(), atkReconnect)
-		s, _ := c.Semaphore()
+		s, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
 		wg.Go(func() {
 			for {
 				select {

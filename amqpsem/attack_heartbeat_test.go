@@ -30,8 +30,8 @@ func TestAttackMixedHeartbeatsBlackHole(t *testing.T) {
 	if err := atkAdmin(t, wc).Create(ctx, name, 1); err != nil {
 		t.Fatal(err)
 	}
-	hs, _ := hc.Semaphore()
-	ws, _ := wc.Semaphore()
+	hs, _ := hc.Semaphore(amqpsem.MaxSemaphoreSize)
+	ws, _ := wc.Semaphore(amqpsem.MaxSemaphoreSize)
 	hl, err := hs.TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)

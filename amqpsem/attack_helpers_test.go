@@ -41,7 +41,7 @@ func atkDial(t *testing.T, url, via string, opts ...amqpsem.Option) *amqpsem.Cli
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { c.Close(context.Background()) })
 	return c
 }
 
@@ -63,7 +63,7 @@ func atkCleanup(t *testing.T, url, name string) {
 		if err != nil {
 			return
 		}
-		defer c.Close()
+		defer c.Close(context.Background())
 		for _, l := range []amqpsem.Layout{amqpsem.DefaultLayout, amqpsem.PythonLayout} {
 			if a, err := c.Admin(amqpsem.WithLayout(l)); err == nil {
 				a.Destroy(ctx, name)

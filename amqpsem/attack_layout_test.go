@@ -32,7 +32,7 @@ func TestAttackLayoutWithCreate(t *testing.T) {
 			if err := atkAdmin(t, c, amqpsem.WithLayout(first)).Create(ctx, name, 2); err != nil {
 				t.Fatal(err)
 			}
-			s, err := c.Semaphore(amqpsem.WithLayout(other), amqpsem.WithCreate(3))
+			s, err := atkDial(t, url, "", amqpsem.WithLayout(other), amqpsem.WithCreate(true)).Semaphore(3)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -34,7 +34,7 @@ func TestAttackDestroyWhileWaiting(t *testing.T) {
 	if err := h.hold(name + "-1-B"); err != nil {
 		t.Fatal(err)
 	}
-	s, _ := atkDial(t, url, "").Semaphore()
+	s, _ := atkDial(t, url, "").Semaphore(amqpsem.MaxSemaphoreSize)
 	done := make(chan error, 1)
 	go func() {
 		l, err := s.Acquire(ctx, name)
@@ -71,12 +71,12 @@ func TestAttackDestroyWhileWaiting(t *testing.T) {
 // are refused before any I/O.
 func TestAttackReservedNames(t *testing.T) {
 	url, _ := amqpURL(t)
-	c := atkDial(t, url, "")
+	c := atkDial(t, url, "", amqpsem.WithCreate(true))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	m, _ := c.Mutex()
-	s, _ := c.Semaphore(amqpsem.WithCreate(1))
-	ps, _ := c.Semaphore(amqpsem.WithCreate(1), amqpsem.WithLayout(amqpsem.PythonLayout))
+	m := c.Locker()
+	s, _ := c.Semaphore(1)
+	ps, _ := atkDial(t, url, "", amqpsem.WithCreate(true), amqpsem.WithLayout(amqpsem.PythonLayout)).Semaphore(1)
 	a := atkAdmin(t, c)
 	for _, n := range []string{"amqpsem.wake.x", "amqpsem.wake-sha256.ab", "amqpsem.wake.", "amq.x"} {
 		if l, err := m.TryLock(ctx, n); !errors.Is(err, locks.ErrInvalidName) {
@@ -112,7 +112,7 @@ func TestAttackWithCreateConcurrent(t *testing.T) {
 	defer cancel()
 	var sems []*amqpsem.Semaphore
 	for range 5 {
-		s, _ := atkDial(t, url, "").Semaphore(amqpsem.WithCreate(2))
+		s, _ := atkDial(t, url, "", amqpsem.WithCreate(true)).Semaphore(2)
 		sems = append(sems, s)
 	}
 	type res struct {

@@ -45,11 +45,11 @@ func TestAttackReconnectOldLeaseRelease(t *testing.T) {
 				if err := atkAdmin(t, c).Create(ctx, name, 1); err != nil {
 					t.Fatal(err)
 				}
-				s, _ := c.Semaphore()
+				s, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
 				acquire = func() (locks.Lease, error) { return s.TryAcquire(ctx, name) }
 				queue = name + "-1-B"
 			} else {
-				m, _ := c.Mutex()
+				m := c.Locker()
 				acquire = func() (locks.Lease, error) { return m.TryLock(ctx, name) }
 			}
 			old, err := acquire()
@@ -118,14 +118,14 @@ func TestAttackReconnectWaitingAcquire(t *testing.T) {
 				if err := atkAdmin(t, c).Create(ctx, name, 1); err != nil {
 					t.Fatal(err)
 				}
-				s, _ := c.Semaphore()
-				hs, _ := hc.Semaphore()
+				s, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
+				hs, _ := hc.Semaphore(amqpsem.MaxSemaphoreSize)
 				acq = func(ctx context.Context) (locks.Lease, error) { return s.Acquire(ctx, name) }
 				hold = func(ctx context.Context) (locks.Lease, error) { return hs.TryAcquire(ctx, name) }
 				queue = name + "-1-B"
 			} else {
-				m, _ := c.Mutex()
-				hm, _ := hc.Mutex()
+				m := c.Locker()
+				hm := hc.Locker()
 				acq = func(ctx context.Context) (locks.Lease, error) { return m.Lock(ctx, name) }
 				hold = func(ctx context.Context) (locks.Lease, error) { return hm.TryLock(ctx, name) }
 			}
@@ -199,11 +199,11 @@ func TestAttackReconnectBackgroundDelete(t *testing.T) {
 				if err := atkAdmin(t, atkDial(t, url, "")).Create(ctx, name, 1); err != nil {
 					t.Fatal(err)
 				}
-				s, _ := c.Semaphore()
+				s, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
 				acquire = func() (locks.Lease, error) { return s.TryAcquire(ctx, name) }
 				queue = name + "-1-B"
 			} else {
-				m, _ := c.Mutex()
+				m := c.Locker()
 				acquire = func() (locks.Lease, error) { return m.TryLock(ctx, name) }
 			}
 			old, err := acquire()

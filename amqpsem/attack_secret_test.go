@@ -85,7 +85,7 @@ func TestAttackSecretsNeverShown(t *testing.T) {
 		cl, err := amqpsem.Dial(ctx, c.url, amqpsem.WithConnectTimeout(time.Second))
 		cancel()
 		if err == nil {
-			cl.Close()
+			cl.Close(context.Background())
 			continue
 		}
 		for _, s := range c.secrets {

@@ -102,8 +102,8 @@ func TestAttackWaitUpThenDownDuringWait(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				defer lc.Close()
-				s, _ := lc.Semaphore()
+				defer lc.Close(context.Background())
+				s, _ := lc.Semaphore(amqpsem.MaxSemaphoreSize)
 				var first []locks.Lease
 				for range 6 {
 					lease, err = s.TryAcquire(ctx, name)

@@ -53,14 +53,14 @@ func BenchmarkSemaphoreAcquire(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer c.Close()
+			defer c.Close(context.Background())
 			name := fmt.Sprintf("amqpsem-bench-%d-%p", held, b)
 			a, _ := c.Admin()
 			if err := a.Create(ctx, name, held+1); err != nil {
 				b.Fatal(err)
 			}
 			defer a.Destroy(ctx, name)
-			s, _ := c.Semaphore()
+			s, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
 			var leases []locks.Lease
 			for range held {
 				l, err := s.TryAcquire(ctx, name)

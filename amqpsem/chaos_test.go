@@ -101,16 +101,13 @@ func (h chaosHarness) NewChaosClient(ctx context.Context, rng *rand.Rand) (contr
 	}
 	cl.c = c
 	if h.semLocker {
-		s, err := c.Semaphore(amqpsem.WithCreate(1))
+		s, err := c.Semaphore(1)
 		if err != nil {
-			return contracttest.ChaosClient{}, errors.Join(err, c.Close())
+			return contracttest.ChaosClient{}, errors.Join(err, c.Close(context.Background()))
 		}
 		cl.locker = semLocker{recSem{s, h.harness}}
 	} else {
-		m, err := c.Mutex()
-		if err != nil {
-			return contracttest.ChaosClient{}, errors.Join(err, c.Close())
-		}
+		m := c.Locker()
 		cl.locker = m
 	}
 	return contracttest.ChaosClient{

@@ -2,6 +2,17 @@
 // specification on RabbitMQ, and the exclusive-queue mutex it is built on,
 // with github.com/rabbitmq/amqp091-go.
 //
+// [Dial] returns a [Client]: [Client.Locker] is its mutex (a
+// [locks.Locker]), [Client.Semaphore] a semaphore of a given size (a
+// [locks.Semaphore]), [Client.Admin] its administrator, and
+// [Client.Close] ends its leases, bounded by its ctx. Every lease is a
+// *[Lease], a [locks.SlotLease] whose Slot is 0 for a lock and the slot
+// L for a semaphore. Locker and Semaphore implement the optional
+// [driver.Observable]: besides the kit's renewal events, they report
+// [driver.EventVerifyFailed] (a verification found a lease's queue gone)
+// and [driver.EventResourceLocked] (an acquire lost the race for a slot
+// and scans again).
+//
 // # The semaphore
 //
 // A semaphore named N with C slots is C durable slot queues A[1..C]
@@ -25,8 +36,11 @@
 //
 // A semaphore must exist before it is acquired: [Semaphore.Acquire] on a
 // name without slots fails at once with [ErrNoSlots] instead of waiting
-// (a misspelt name would otherwise wait forever), unless the Semaphore
-// was made [WithCreate].
+// (a misspelt name would otherwise wait forever), unless the client was
+// dialed [WithCreate], which creates it with the Semaphore's size. The
+// size never resizes a semaphore that exists: it caps the slots the
+// Semaphore takes, so its leases are at most min(C, size) (see
+// [Client.Semaphore]); [MaxSemaphoreSize] takes any slot C has.
 //
 // Removing slots does not take them from their holders (see [Admin]).
 // [Admin.Status] and [Admin.WaitReleased] find every held removed slot
@@ -49,8 +63,8 @@
 // deletes such strays). Administrators that change a semaphore without
 // its mutex are not seen either.
 //
-// [Mutex] (a [locks.Locker]) is one exclusive queue per name. A Mutex on N
-// is the semaphore N's administration mutex.
+// [Locker] (a [locks.Locker]) is one exclusive queue per name. A lock on
+// N is the semaphore N's administration mutex.
 //
 // # What it promises
 //
@@ -69,8 +83,8 @@
 // broker's interval), not two, plus
 // the moment it takes to delete its queues. On the holder's side, its
 // lease ends with [locks.ErrLost] when its connection closes, or when
-// no verification ([WithVerifyInterval]) has succeeded for one heartbeat
-// interval: before the broker can free its slot, so a cut-off holder stops
+// no verification ([WithVerifyInterval]; one pipelined probe for all of
+// a client's leases) has succeeded for one heartbeat interval: before the broker can free its slot, so a cut-off holder stops
 // before anyone else starts. A lease also ends with [locks.ErrLost] and
 // [ErrSlotRemoved] when a verification finds its slot removed by an
 // administrator. Whenever a lease ends with [locks.ErrLost] while its
@@ -83,11 +97,11 @@
 // ([WithWakeExchange], amq.direct), which wakes waiting clients at once;
 // a crashed holder is noticed by polling with [locks.Backoff].
 //
-// Waiting [Mutex] Locks take turns. A waiting client consumes the shared
+// Waiting [Locker.Lock] calls take turns. A waiting client consumes the shared
 // queue "amqpsem.wake.<name>" (durable, with x-expires: the broker
 // deletes it after a minute without consumers; bound to the wake
 // exchange; names of more than 242 bytes use
-// "amqpsem.wake-sha256.<hex>"). Mutex and semaphore
+// "amqpsem.wake-sha256.<hex>"). Lock and semaphore
 // names whose queue would start with these prefixes are refused with
 // [locks.ErrInvalidName]; do not give other queues such names. The
 // broker hands each release's wake-up to one waiting client, in turn,
@@ -126,7 +140,7 @@
 //     most 255 bytes for the mutex and slot 1, not starting with the
 //     reserved "amq.", and, for the default layout, not ending like a
 //     slot or holder queue of another semaphore. A long name has fewer
-//     slots than [MaxSlots]: as many as its queue names fit
+//     slots than [MaxSemaphoreSize]: as many as its queue names fit
 //     ([Layout.SlotLimit]; a 251-byte name in [PythonLayout] has 9).
 //   - [Admin.Remove] of more slots than there are returns
 //     [ErrInvalidSlots] and changes nothing, where the specification
@@ -141,8 +155,9 @@
 //   - The verification the specification recommends after acquiring is
 //     also repeated periodically, and bounds the lease's validity.
 //   - [locks.Semaphore] has a fixed N; here C is what the broker holds and
-//     administrators may change it at any time. [WithCreate] creates a
-//     missing semaphore on first use.
+//     administrators may change it at any time, and a [Semaphore]'s size
+//     caps the slots it takes. [WithCreate] creates a missing semaphore
+//     with that size on first use.
 //
 // # Connections and RabbitMQ 4
 //

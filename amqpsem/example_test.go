@@ -9,9 +9,43 @@ import (
 	"github.com/latchkey-go/latchkey/amqpsem"
 )
 
-// An administrator creates a semaphore with two slots; workers take
-// slots; removing a slot leaves its holder in place until it lets go.
+// A client dialed WithCreate: Semaphore(2) creates the persistent
+// semaphore with two slots on first use, and never takes more than two.
+// Work runs under lease.Context(), which ends if the slot is lost.
 func Example() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := amqpsem.Dial(ctx, "amqp://guest:guest@127.0.0.1:5672/", amqpsem.WithCreate(true))
+	if err != nil {
+		log.Print(err) // no broker here
+		return
+	}
+	defer c.Close(ctx)
+
+	sem, err := c.Semaphore(2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	lease, err := sem.Acquire(ctx, "example-builds")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	build(lease.Context(), lease.(*amqpsem.Lease).Slot())
+}
+
+// build stands for work that stops when ctx ends.
+func build(ctx context.Context, slot int) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Millisecond):
+		fmt.Println("built on slot", slot)
+	}
+}
+
+// An administrator creates a semaphore with two slots; removing a slot
+// leaves its holder in place until it lets go.
+func ExampleAdmin() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := amqpsem.Dial(ctx, "amqp://guest:guest@127.0.0.1:5672/")
@@ -19,27 +53,30 @@ func Example() {
 		log.Print(err) // no broker here
 		return
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 
 	admin, _ := c.Admin()
-	if err := admin.Create(ctx, "example-builds", 2); err != nil {
+	if err := admin.Create(ctx, "example-jobs", 2); err != nil {
 		log.Fatal(err)
 	}
-	defer admin.Destroy(ctx, "example-builds")
+	defer admin.Destroy(ctx, "example-jobs")
 
-	sem, _ := c.Semaphore()
-	lease, err := sem.Acquire(ctx, "example-builds")
+	// MaxSemaphoreSize: take any slot the broker has, whatever C is.
+	sem, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
+	lease, err := sem.Acquire(ctx, "example-jobs")
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("holding slot", lease.(*amqpsem.Lease).Slot())
-	// Work under lease.Context(): it ends if the slot is lost.
-	_ = lease.Release(ctx)
+	defer lease.Release(ctx)
+	if _, err := admin.Remove(ctx, "example-jobs", 1); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("holding slot", lease.(*amqpsem.Lease).Slot(), "of a semaphore of 1")
 }
 
 // A mutex on one exclusive queue; Lock waits for a release.
-func ExampleMutex() {
-	// The mutex "example-migrations" is the exclusive queue of that name.
+func ExampleLocker() {
+	// The lock "example-migrations" is the exclusive queue of that name.
 	fmt.Println("queue", amqpsem.DefaultLayout.Mutex("example-migrations"))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -50,18 +87,26 @@ func ExampleMutex() {
 		log.Print(err) // no broker here
 		return
 	}
-	defer c.Close()
-	m, _ := c.Mutex()
-	lease, err := m.Lock(ctx, "example-migrations")
+	defer c.Close(ctx)
+	lease, err := c.Locker().Lock(ctx, "example-migrations")
 	if err != nil {
 		log.Print(err)
 		return
 	}
 	defer lease.Release(ctx)
-	// Run the migrations under lease.Context(): it ends if the mutex is
+	// Run the migrations under lease.Context(): it ends if the lock is
 	// lost. lease.Token() is 0: RabbitMQ has no fencing tokens.
+	migrate(lease.Context())
 
 	// Output: queue example-migrations
+}
+
+// migrate stands for work that stops when ctx ends.
+func migrate(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Millisecond):
+	}
 }
 
 // Share a semaphore with the existing Python implementation.
@@ -75,9 +120,9 @@ func ExamplePythonLayout() {
 		log.Print(err) // no broker here
 		return
 	}
-	defer c.Close()
-	// Semaphores, Mutexes and Admins of c use the Python implementation's
-	// queue names.
+	defer c.Close(ctx)
+	// The Locker, Semaphores and Admins of c use the Python
+	// implementation's queue names.
 
 	// Output: jobs-A-1 jobs-B-1
 }
@@ -102,6 +147,6 @@ func ExampleWithConnectionNotice() {
 		log.Print(err) // no broker here
 		return
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 	fmt.Println("connected:", c.Connected())
 }

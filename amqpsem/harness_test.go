@@ -127,22 +127,19 @@ func (h *harness) newClient(ctx context.Context, proxied bool) (*client, error) 
 		}
 		return conn, err
 	}
-	c, err := amqpsem.Dial(ctx, h.url, append(testOptions(), amqpsem.WithDial(dial))...)
+	c, err := amqpsem.Dial(ctx, h.url, append(testOptions(), amqpsem.WithDial(dial), amqpsem.WithCreate(true))...)
 	if err != nil {
 		return nil, err
 	}
 	cl.c = c
 	if h.semLocker {
-		s, err := c.Semaphore(amqpsem.WithCreate(1))
+		s, err := c.Semaphore(1)
 		if err != nil {
-			return nil, errors.Join(err, c.Close())
+			return nil, errors.Join(err, c.Close(context.Background()))
 		}
 		cl.locker = semLocker{recSem{s, h}}
 	} else {
-		m, err := c.Mutex()
-		if err != nil {
-			return nil, errors.Join(err, c.Close())
-		}
+		m := c.Locker()
 		cl.locker = m
 	}
 	return cl, nil
@@ -151,14 +148,14 @@ func (h *harness) newClient(ctx context.Context, proxied bool) (*client, error) 
 func (cl *client) Locker() locks.Locker { return cl.locker }
 
 func (cl *client) Semaphore(ctx context.Context, size int) (locks.Semaphore, error) {
-	s, err := cl.c.Semaphore(amqpsem.WithCreate(size))
+	s, err := cl.c.Semaphore(size)
 	if err != nil {
 		return nil, err
 	}
 	return recSem{s, cl.h}, nil
 }
 
-func (cl *client) Close() error { return cl.c.Close() }
+func (cl *client) Close() error { return cl.c.Close(context.Background()) }
 
 func (h *harness) Kill(ctx context.Context, c contracttest.Client) error {
 	cl := c.(*client)
@@ -225,7 +222,7 @@ func destroyAll(rawURL string, names map[string]bool) error {
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer c.Close(context.Background())
 	a, err := c.Admin()
 	if err != nil {
 		return err
@@ -252,7 +249,7 @@ func (h revokingHarness) Revoke(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer c.Close(context.Background())
 	a, err := c.Admin()
 	if err != nil {
 		return err
@@ -272,8 +269,7 @@ func (h *harness) InvalidOptions(ctx context.Context) []error {
 		amqpsem.WithHeartbeat(0), amqpsem.WithHeartbeat(500 * time.Millisecond),
 		amqpsem.WithVerifyInterval(0), amqpsem.WithVerifyInterval(-time.Second),
 		amqpsem.WithBackoff(locks.Backoff{Min: time.Second, Max: time.Millisecond}),
-		amqpsem.WithMaxAttempts(0), amqpsem.WithSkew(-1), amqpsem.WithCreate(-1),
-		amqpsem.WithCreate(amqpsem.MaxSlots + 1), amqpsem.WithOvershoot(-1),
+		amqpsem.WithMaxAttempts(0), amqpsem.WithSkew(-1), amqpsem.WithOvershoot(-1),
 		amqpsem.WithConnectTimeout(0), amqpsem.WithTLS(nil), amqpsem.WithDial(nil),
 		amqpsem.WithLayout(amqpsem.Layout{}), amqpsem.WithWakeExchange(strings.Repeat("e", 256)),
 		amqpsem.WithConnectionName(strings.Repeat("n", 256)),
@@ -287,10 +283,14 @@ func (h *harness) InvalidOptions(ctx context.Context) []error {
 	if err != nil {
 		return append(errs, err)
 	}
-	defer c.Close()
-	_, err = c.Semaphore(amqpsem.WithHeartbeat(2 * time.Second)) // a connection option
+	defer c.Close(context.Background())
+	_, err = c.Admin(amqpsem.WithHeartbeat(2 * time.Second)) // a connection option
 	errs = append(errs, err)
-	_, err = c.Mutex(amqpsem.WithMaxAttempts(-1))
+	_, err = c.Admin(amqpsem.WithMaxAttempts(-1))
+	errs = append(errs, err)
+	_, err = c.Semaphore(0)
+	errs = append(errs, err)
+	_, err = c.Semaphore(amqpsem.MaxSemaphoreSize + 1)
 	errs = append(errs, err)
 	a, _ := c.Admin()
 	errs = append(errs, a.Create(ctx, "n", 0))

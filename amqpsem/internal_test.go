@@ -29,7 +29,7 @@ func internalClient(t *testing.T) (*Client, string, context.Context) {
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c, u, ctx
 }
 
@@ -84,10 +84,7 @@ func queueExists(t *testing.T, u, q string) bool {
 // retried on a fresh channel.
 func TestFreeOnBrokenChannel(t *testing.T) {
 	c, u, ctx := internalClient(t)
-	m, err := c.Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := c.Locker()
 	missing := internalName(t) + "-no-such-exchange"
 	for i := range 10 {
 		name := internalName(t)
@@ -122,10 +119,7 @@ func TestFreeOnBrokenChannel(t *testing.T) {
 // holder no longer believes it holds the name, so nobody may.
 func TestLostLeaseLetsGo(t *testing.T) {
 	c, u, ctx := internalClient(t)
-	m, err := c.Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := c.Locker()
 	name := internalName(t)
 	l, err := m.TryLock(ctx, name)
 	if err != nil {
@@ -159,10 +153,7 @@ func TestLostLeaseLetsGo(t *testing.T) {
 // semaphore) must not delay it into a false ErrLost.
 func TestVerifyNotStarvedByScans(t *testing.T) {
 	c, _, ctx := internalClient(t)
-	m, err := c.Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := c.Locker()
 	l, err := m.TryLock(ctx, internalName(t))
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +183,7 @@ func TestTurnsWakeOne(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = w.Close() })
+		t.Cleanup(func() { _ = w.Close(context.Background()) })
 		sub, leave := w.sess().wakes.takeTurns(ctx, key)
 		if !sub.turns {
 			t.Fatal("takeTurns fell back to fan-out")

@@ -17,10 +17,10 @@ import (
 // names, exchange names and routing keys.
 const maxShortString = 255
 
-// MaxSlots is the largest number of slots a semaphore may have. A long
+// MaxSemaphoreSize is the largest number of slots a semaphore may have. A long
 // name may allow fewer: a semaphore's slots stop at the last one whose
 // slot and holder queue names fit in 255 bytes (see [Layout.SlotLimit]).
-const MaxSlots = 65535
+const MaxSemaphoreSize = 65535
 
 // A Layout says how the queues of a semaphore named N are named and
 // declared: the slot queues A[i], the holder queues B[i] and the
@@ -29,8 +29,8 @@ const MaxSlots = 65535
 // declare whose arguments differ from the existing queue's
 // (PRECONDITION_FAILED).
 //
-// The [Mutex] uses the layout's Mutex name and Args for its queue, so a
-// Mutex on N is the administration mutex of the semaphore N.
+// The [Locker] uses the layout's Mutex name and Args for its queue, so a
+// lock on N is the administration mutex of the semaphore N.
 type Layout struct {
 	// Name names the layout in messages and [Status]: "default" and
 	// "python" for the layouts of this package.
@@ -179,7 +179,7 @@ func (l Layout) checkSemName(name string) error {
 }
 
 // SlotLimit returns the largest number of slots the semaphore name can
-// have under l: [MaxSlots], or fewer for a name so long that the queue
+// have under l: [MaxSemaphoreSize], or fewer for a name so long that the queue
 // names of higher slots would not fit in 255 bytes (a name of 251 bytes
 // in [PythonLayout] has "name-A-9" but not "name-A-10"). It is 0 for a
 // name whose first slot does not fit. Creating or adding slots beyond it
@@ -190,7 +190,7 @@ func (l Layout) SlotLimit(name string) int {
 	}
 	// Name lengths grow with the number of digits: try the largest
 	// number of each length.
-	for _, i := range []int{MaxSlots, 9999, 999, 99, 9} {
+	for _, i := range []int{MaxSemaphoreSize, 9999, 999, 99, 9} {
 		if fits(i) {
 			return i
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
@@ -33,54 +34,69 @@ type Lease struct {
 	base      *driver.Lease
 	c         *session
 	h         *holding
-	slotQueue string // A[L]; "" for a mutex
+	slotQueue string    // A[L]; "" for a mutex
+	deleting  sync.Once // see deleteQueueIfLost
 }
 
 var _ locks.SlotLease = (*Lease)(nil)
 
+// newLease registers the lease on h, which this session has just
+// declared (sent: when its declare was sent), with the client's
+// registry, which verifies it every verify interval. When the client is
+// closed meanwhile, or the session is gone, it deletes h's queue and
+// returns an error matching [locks.ErrClosed].
 func (c *session) newLease(ctx context.Context, name string, slot int, slotQueue string, h *holding, sent time.Time) (*Lease, error) {
 	l := &Lease{c: c, h: h, slotQueue: slotQueue}
-	l.base = driver.NewLease(ctx, driver.Spec{
+	base, err := c.client.reg.NewLease(ctx, driver.Spec{
 		Name:     name,
 		Slot:     slot,
 		Deadline: sent.Add(c.heartbeat),
 		Release:  func(ctx context.Context) error { return c.free(ctx, h) },
 	})
+	if err != nil { // the client is closed
+		_ = c.free(context.WithoutCancel(ctx), h)
+		return nil, &closedError{client: true}
+	}
+	l.base = base
 	c.mu.Lock()
 	if c.closed {
 		cause := c.cause
 		c.mu.Unlock()
 		l.base.End(driver.Lost(cause))
-		_ = c.free(context.Background(), h)
+		_ = c.free(context.WithoutCancel(ctx), h)
 		return nil, asClosed(cause)
 	}
 	c.leases[l] = struct{}{}
 	c.mu.Unlock()
+	c.client.track(l)
 	context.AfterFunc(l.base.Context(), func() {
 		c.mu.Lock()
 		delete(c.leases, l)
 		c.mu.Unlock()
-		l.letGo()
+		c.client.untrack(l)
+		l.deleteQueueIfLost()
 	})
-	l.base.KeepAlive(c.verify, l.renew)
 	return l, nil
 }
 
-// letGo deletes the queue of a lease that ended with [locks.ErrLost] while
-// its connection is open (a verification found the slot removed, or none
-// succeeded in time): the holder no longer believes it holds the slot, so
-// it must not keep it until a Release that may never come. The delete
-// runs in the background, bounded by a heartbeat interval, and
-// [Client.Close] waits for it.
-func (l *Lease) letGo() {
+// deleteQueueIfLost deletes the queue of a lease that ended with
+// [locks.ErrLost] while its connection is open (a verification found the
+// slot removed, none succeeded in time, or the client is closing): the
+// holder no longer believes it holds the slot, so it must not keep it
+// until a Release that may never come. The delete runs in the
+// background, bounded by a heartbeat interval, and [Client.Close] waits
+// for it. Only the first call starts it.
+func (l *Lease) deleteQueueIfLost() {
 	c := l.c
 	if !errors.Is(context.Cause(l.base.Context()), locks.ErrLost) || c.conn.IsClosed() {
 		return
 	}
-	c.goTracked(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), c.heartbeat)
-		defer cancel()
-		_ = c.free(ctx, l.h)
+	l.deleting.Do(func() {
+		c.goTracked(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), c.heartbeat)
+			defer cancel()
+			_ = c.free(ctx, l.h)
+		})
 	})
 }
 
@@ -115,42 +131,79 @@ func (l *Lease) Release(ctx context.Context) error { return l.base.Release(ctx) 
 // that A[L] and B[L] (for a mutex, its queue) exist. When they do not, the
 // lease ends with [locks.ErrLost] and [ErrSlotRemoved], its queue is
 // deleted, and Verify returns that cause. On a lease that has ended,
-// Verify returns its cause.
+// Verify returns its cause. When ctx ends first, the error matches
+// ctx.Err() and the lease is left as it was.
 func (l *Lease) Verify(ctx context.Context) error {
 	if cause := context.Cause(l.base.Context()); cause != nil {
 		return cause
 	}
-	until, err := l.renew(ctx)
-	if err != nil {
-		return err
+	r := l.c.verifyLeases(ctx, []*Lease{l})[0]
+	if r.Err != nil {
+		if errors.Is(r.Err, locks.ErrLost) {
+			l.base.End(r.Err)
+			l.deleteQueueNow()
+		}
+		return r.Err
 	}
-	l.base.Extend(until)
+	l.base.Extend(r.Until)
 	return nil
 }
 
-// renew verifies the lease and returns its new validity: one heartbeat
-// after the probes were sent, since the broker heard from the client then
-// and keeps its connection for at least two heartbeats of silence.
-func (l *Lease) renew(ctx context.Context) (time.Time, error) {
-	queues := []string{l.h.queue}
-	if l.slotQueue != "" {
-		queues = append(queues, l.slotQueue)
-	}
-	got, sent, err := l.c.verifier.probe(ctx, queues...)
-	if err != nil {
-		return time.Time{}, err
-	}
-	for i, ok := range got {
-		if !ok {
-			cause := driver.Lost(fmt.Errorf("%w: queue %q of %q is gone", ErrSlotRemoved, queues[i], l.Name()))
-			l.base.End(cause)
-			// The slot is void: relinquish it, as the specification asks
-			// of holders of removed slots.
-			fctx, cancel := context.WithTimeout(context.Background(), l.c.heartbeat)
-			_ = l.c.free(fctx, l.h)
-			cancel()
-			return time.Time{}, cause
+// deleteQueueNow deletes the lease's queue, waiting up to a heartbeat
+// interval for it: the slot is void, and the specification asks holders
+// of removed slots to relinquish them.
+func (l *Lease) deleteQueueNow() {
+	ctx, cancel := context.WithTimeout(context.Background(), l.c.heartbeat)
+	defer cancel()
+	_ = l.c.free(ctx, l.h)
+}
+
+// verifyLeases checks the queues of leases, all of this session, with one
+// pipelined probe, and returns one renewal per lease: a new validity of
+// one heartbeat after the probes were sent (the broker heard from the
+// client then, and keeps its connection for at least two heartbeats of
+// silence); a loss, with [ErrSlotRemoved], when a queue is gone; or the
+// probe's error for all of them.
+func (c *session) verifyLeases(ctx context.Context, leases []*Lease) []driver.Renewal {
+	var queues []string
+	for _, l := range leases {
+		queues = append(queues, l.h.queue)
+		if l.slotQueue != "" {
+			queues = append(queues, l.slotQueue)
 		}
 	}
-	return sent.Add(l.c.heartbeat), nil
+	out := make([]driver.Renewal, len(leases))
+	got, sent, err := c.verifier.probe(ctx, queues...)
+	k := 0
+	for i, l := range leases {
+		n := 1
+		if l.slotQueue != "" {
+			n = 2
+		}
+		switch {
+		case err != nil:
+			out[i] = driver.Renewal{Err: err}
+		case !allTrue(got[k : k+n]):
+			gone := queues[k]
+			if got[k] {
+				gone = queues[k+1]
+			}
+			cause := driver.Lost(fmt.Errorf("%w: queue %q of %q is gone", ErrSlotRemoved, gone, l.Name()))
+			c.client.reg.Emit(driver.Event{Kind: driver.EventVerifyFailed, Name: l.Name(), Err: cause})
+			out[i] = driver.Renewal{Err: cause}
+		default:
+			out[i] = driver.Renewal{Until: sent.Add(c.heartbeat)}
+		}
+		k += n
+	}
+	return out
+}
+
+func allTrue(bs []bool) bool {
+	for _, b := range bs {
+		if !b {
+			return false
+		}
+	}
+	return true
 }

@@ -72,7 +72,7 @@ func TestStatusAndWaitSeeEveryRemovedSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	holders := rawConn(t, u) // holds B[80] and B[MaxSlots], like clients
-	far := []int{80, amqpsem.MaxSlots}
+	far := []int{80, amqpsem.MaxSemaphoreSize}
 	for _, i := range far {
 		holdQueue(t, holders, amqpsem.DefaultLayout.Holder(name, i))
 	}
@@ -208,12 +208,12 @@ func TestOneLayoutPerName(t *testing.T) {
 	refused("Add", err)
 	_, err = def.Resize(ctx, name, 3)
 	refused("Resize", err)
-	_, err = semaphore(t, c, amqpsem.WithCreate(3)).TryAcquire(ctx, name)
+	_, err = semaphore(t, dial(t, u, amqpsem.WithCreate(true)), 3).TryAcquire(ctx, name)
 	refused("TryAcquire WithCreate", err)
 	if q := amqpsem.DefaultLayout.Slot(name, 1); r.exists(q) {
 		t.Fatalf("a refused change created %q", q)
 	}
-	_, err = semaphore(t, c).TryAcquire(ctx, name)
+	_, err = semaphore(t, c, amqpsem.MaxSemaphoreSize).TryAcquire(ctx, name)
 	if !errors.Is(err, amqpsem.ErrNoSlots) || !strings.Contains(err.Error(), "python") {
 		t.Errorf("TryAcquire in the default layout of a Python-layout semaphore = %v, want ErrNoSlots naming the python layout", err)
 	}
@@ -263,7 +263,7 @@ func TestAcquireWithoutSlotsFailsAtOnce(t *testing.T) {
 	u, _ := amqpURL(t)
 	ctx := tctx(t)
 	c := dial(t, u)
-	s := semaphore(t, c)
+	s := semaphore(t, c, amqpsem.MaxSemaphoreSize)
 
 	missing := uniqueName(t, u)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -283,7 +283,7 @@ func TestAcquireWithoutSlotsFailsAtOnce(t *testing.T) {
 	if err := a.Create(ctx, name, 1); err != nil {
 		t.Fatal(err)
 	}
-	held, err := semaphore(t, dial(t, u)).TryAcquire(ctx, name)
+	held, err := semaphore(t, dial(t, u), amqpsem.MaxSemaphoreSize).TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func TestAcquireWithoutSlotsFailsAtOnce(t *testing.T) {
 	}
 
 	created := uniqueName(t, u)
-	l, err := semaphore(t, c, amqpsem.WithCreate(1)).Acquire(wctx, created)
+	l, err := semaphore(t, dial(t, u, amqpsem.WithCreate(true)), 1).Acquire(wctx, created)
 	if err != nil {
 		t.Fatalf("Acquire WithCreate of a missing semaphore: %v", err)
 	}
@@ -336,7 +336,7 @@ func TestLongPythonNames(t *testing.T) {
 			t.Errorf("Create of a %d-byte Python-layout name: %v", tc.length, err)
 			continue
 		}
-		l, err := semaphore(t, c).TryAcquire(ctx, name)
+		l, err := semaphore(t, c, amqpsem.MaxSemaphoreSize).TryAcquire(ctx, name)
 		if err != nil {
 			t.Errorf("TryAcquire of a %d-byte name: %v", tc.length, err)
 			continue

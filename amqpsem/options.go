@@ -27,7 +27,7 @@ type options struct {
 	backoff      locks.Backoff
 	maxAttempts  int
 	skew         time.Duration
-	create       int
+	create       bool
 	overshoot    int
 	ascending    bool
 	wakeExchange string
@@ -57,9 +57,10 @@ func defaults() options {
 	}
 }
 
-// Option configures a [Client] (given to [Dial]), or one [Semaphore],
-// [Mutex] or [Admin] made from it, on top of the client's options.
-// Options marked "connection option" are only accepted by Dial.
+// Option configures a [Client] (given to [Dial]) and the [Locker] and
+// [Semaphore]s made from it, or one [Admin] made from it, on top of the
+// client's options. Options marked "connection option" are only accepted
+// by Dial.
 type Option func(*options) error
 
 // WithHeartbeat sets the AMQP heartbeat interval the client asks for; the
@@ -190,16 +191,14 @@ func WithSkew(d time.Duration) Option {
 	}
 }
 
-// WithCreate makes a [Semaphore] create a semaphore with slots slots,
-// under the administration mutex, when an acquire finds it has none (no
-// A[1]). Zero never creates: a semaphore without slots is then never
-// acquired until an administrator creates it. The default is 0.
-func WithCreate(slots int) Option {
+// WithCreate makes the client's [Semaphore]s create a semaphore with
+// their size slots, under the administration mutex, when an acquire
+// finds it has none (no A[1]). A semaphore that exists is never resized.
+// Without it, a semaphore without slots is not acquired until an
+// administrator creates it ([ErrNoSlots]). The default is false.
+func WithCreate(on bool) Option {
 	return func(o *options) error {
-		o.create = slots
-		if slots < 0 || slots > MaxSlots {
-			return driver.InvalidOption("create slots must be in 0..%d, got %d", MaxSlots, slots)
-		}
+		o.create = on
 		return nil
 	}
 }
@@ -212,8 +211,8 @@ func WithCreate(slots int) Option {
 func WithOvershoot(t int) Option {
 	return func(o *options) error {
 		o.overshoot = t
-		if t < 0 || t > MaxSlots {
-			return driver.InvalidOption("overshoot must be in 0..%d, got %d", MaxSlots, t)
+		if t < 0 || t > MaxSemaphoreSize {
+			return driver.InvalidOption("overshoot must be in 0..%d, got %d", MaxSemaphoreSize, t)
 		}
 		return nil
 	}

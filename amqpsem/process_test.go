@@ -35,20 +35,22 @@ func (h *harness) ChildEnv() []string {
 
 // newChildLocker is the Locker of a holder process, as NewClient makes it.
 func newChildLocker(ctx context.Context) (locks.Locker, func() error, error) {
-	c, err := amqpsem.Dial(ctx, os.Getenv(childURLEnv), testOptions()...)
+	c, err := amqpsem.Dial(ctx, os.Getenv(childURLEnv), append(testOptions(), amqpsem.WithCreate(true))...)
 	if err != nil {
 		return nil, nil, err
 	}
 	if os.Getenv(childModeEnv) == "semaphore" {
-		s, err := c.Semaphore(amqpsem.WithCreate(1))
+		s, err := c.Semaphore(1)
 		if err != nil {
-			return nil, nil, errors.Join(err, c.Close())
+			return nil, nil, errors.Join(err, c.Close(context.Background()))
 		}
-		return semLocker{s}, c.Close, nil
+		return semLocker{s}, closeFunc(c), nil
 	}
-	m, err := c.Mutex()
-	if err != nil {
-		return nil, nil, errors.Join(err, c.Close())
-	}
-	return m, c.Close, nil
+	m := c.Locker()
+	return m, closeFunc(c), nil
+}
+
+// closeFunc returns c's Close as the process harness wants it.
+func closeFunc(c *amqpsem.Client) func() error {
+	return func() error { return c.Close(context.Background()) }
 }

@@ -24,11 +24,8 @@ func viaProxy(t *testing.T, host string) (*testenv.Proxy, amqpsem.Option) {
 
 // lockers are the mutex and a one-slot semaphore of c, as Lockers.
 func lockers(t *testing.T, c *amqpsem.Client) map[string]locks.Locker {
-	m, err := c.Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := semaphore(t, c, amqpsem.WithCreate(1))
+	m := c.Locker()
+	s := semaphore(t, c, 1)
 	return map[string]locks.Locker{"Mutex": m, "Semaphore": semLocker{s}}
 }
 
@@ -42,8 +39,8 @@ func TestFreedAtOnceOnSocketClose(t *testing.T) {
 			name := uniqueName(t, u)
 			ctx := tctx(t)
 			p, via := viaProxy(t, host)
-			holder := lockers(t, dial(t, u, via))[kind]
-			other := lockers(t, dial(t, u))[kind]
+			holder := lockers(t, dial(t, u, via, amqpsem.WithCreate(true)))[kind]
+			other := lockers(t, dial(t, u, amqpsem.WithCreate(true)))[kind]
 			lease, err := holder.TryLock(ctx, name)
 			if err != nil {
 				t.Fatal(err)
@@ -77,7 +74,7 @@ func TestErrClosedAfterConnectionGone(t *testing.T) {
 	name := uniqueName(t, u)
 	ctx := tctx(t)
 	p, via := viaProxy(t, host)
-	c := dial(t, u, via, amqpsem.WithReconnect(false, locks.Backoff{}))
+	c := dial(t, u, via, amqpsem.WithReconnect(false, locks.Backoff{}), amqpsem.WithCreate(true))
 	ls := lockers(t, c)
 	a := admin(t, c)
 	p.Cut()
@@ -109,10 +106,7 @@ func TestMutexIsSemaphoreAdminMutex(t *testing.T) {
 	u, _ := amqpURL(t)
 	name := uniqueName(t, u)
 	ctx := tctx(t)
-	m, err := dial(t, u).Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := dial(t, u).Locker()
 	held, err := m.TryLock(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -140,8 +134,8 @@ func TestSemaphoreReleaseWakesWaiter(t *testing.T) {
 	name := uniqueName(t, u)
 	ctx := tctx(t)
 	slow := locks.Backoff{Min: 5 * time.Second, Max: 5 * time.Second}
-	holder := semaphore(t, dial(t, u), amqpsem.WithCreate(1))
-	waiter := semaphore(t, dial(t, u), amqpsem.WithBackoff(slow))
+	holder := semaphore(t, dial(t, u, amqpsem.WithCreate(true)), 1)
+	waiter := semaphore(t, dial(t, u, amqpsem.WithBackoff(slow)), amqpsem.MaxSemaphoreSize)
 	lease, err := holder.TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)

@@ -60,18 +60,12 @@ func TestWakeQueuesDurable(t *testing.T) {
 	u, _ := amqpURL(t)
 	ctx := tctx(t)
 	name := uniqueName(t, u)
-	holder, err := dial(t, u).Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := dial(t, u).Locker()
 	l, err := holder.TryLock(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	waiter, err := dial(t, u).Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	waiter := dial(t, u).Locker()
 	got := make(chan error, 1)
 	go func() {
 		l, err := waiter.Lock(ctx, name)
@@ -118,7 +112,7 @@ func TestTransientSlotQueuesOnSideConnection(t *testing.T) {
 	if err := a.Create(ctx, held, 1); err != nil {
 		t.Fatal(err)
 	}
-	l, err := semaphore(t, c).TryAcquire(ctx, held)
+	l, err := semaphore(t, c, amqpsem.MaxSemaphoreSize).TryAcquire(ctx, held)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +146,7 @@ func TestPythonLayoutRefusedClearly(t *testing.T) {
 	if err := admin(t, c).Create(ctx, name, 1); err != nil {
 		t.Fatal(err)
 	}
-	l, err := semaphore(t, c).TryAcquire(ctx, name)
+	l, err := semaphore(t, c, amqpsem.MaxSemaphoreSize).TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}

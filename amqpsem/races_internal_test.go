@@ -3,6 +3,7 @@ package amqpsem
 import (
 	"context"
 	"errors"
+	"github.com/latchkey-go/latchkey/locks/driver"
 	"sync"
 	"testing"
 	"time"
@@ -69,10 +70,16 @@ func internalSem(t *testing.T, c *Client, ctx context.Context, name string, slot
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = a.Destroy(context.Background(), name) })
-	s, err := c.Semaphore(opts...)
+	s, err := c.Semaphore(MaxSemaphoreSize)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Options of this Semaphore only (its test hooks), on top of the
+	// client's.
+	if err := driver.Apply(&s.opts, opts); err != nil {
+		t.Fatal(err)
+	}
+	s.admin.opts = s.opts
 	return s
 }
 
@@ -110,6 +117,15 @@ func TestRaceRetryLimitAndSkew(t *testing.T) {
 			r.drop(b1)
 		},
 	}))
+	var locked int
+	stop := s.Observe(func(e driver.Event) {
+		if e.Kind == driver.EventResourceLocked && e.Name == name && e.Backend == "amqpsem" {
+			mu.Lock()
+			locked++
+			mu.Unlock()
+		}
+	})
+	defer stop()
 	start := time.Now()
 	_, err := s.TryAcquire(ctx, name)
 	took := time.Since(start)
@@ -118,6 +134,9 @@ func TestRaceRetryLimitAndSkew(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	if locked != attempts {
+		t.Errorf("%d EventResourceLocked, want one per lost race: %d", locked, attempts)
+	}
 	if declares != attempts {
 		t.Errorf("%d declares, want WithMaxAttempts = %d", declares, attempts)
 	}
@@ -189,7 +208,7 @@ func TestSlotRemovedWhileAcquiring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = admin.Close() })
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
 	a, err := admin.Admin()
 	if err != nil {
 		t.Fatal(err)

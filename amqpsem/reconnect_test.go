@@ -63,7 +63,7 @@ func TestClientReconnects(t *testing.T) {
 	ev := newEvents()
 	c := dial(t, u, via, amqpsem.WithReconnect(true, locks.Backoff{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond}),
 		amqpsem.WithConnectionNotice(ev.notice))
-	s := semaphore(t, c)
+	s := semaphore(t, c, amqpsem.MaxSemaphoreSize)
 	l, err := s.TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +138,7 @@ func TestClientReconnects(t *testing.T) {
 	if err := l.Release(ctx); !errors.Is(err, locks.ErrLost) {
 		t.Errorf("Release of the lost connection's lease = %v, want ErrLost", err)
 	}
-	if err := c.Close(); err != nil {
+	if err := c.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.TryAcquire(ctx, name); !errors.Is(err, locks.ErrClosed) {
@@ -157,7 +157,7 @@ func TestCloseWhileReconnecting(t *testing.T) {
 	p.Cut()
 	ev.wait(t, 5*time.Second, "failed attempt", func(e amqpsem.ConnectionEvent) bool { return e.Attempt >= 2 })
 	start := time.Now()
-	if err := c.Close(); err != nil {
+	if err := c.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d > 2*time.Second {
@@ -172,7 +172,7 @@ func TestConnectionErrorTexts(t *testing.T) {
 	name := uniqueName(t, u)
 	ctx := tctx(t)
 	p, via := viaProxy(t, host)
-	c := dial(t, u, via, amqpsem.WithReconnect(false, locks.Backoff{}))
+	c := dial(t, u, via, amqpsem.WithReconnect(false, locks.Backoff{}), amqpsem.WithCreate(true))
 	ls := lockers(t, c)
 	a := admin(t, c)
 	p.Cut()

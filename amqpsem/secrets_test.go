@@ -33,7 +33,7 @@ func TestDialErrorsHidePassword(t *testing.T) {
 		c, err := amqpsem.Dial(ctx, raw, amqpsem.WithConnectTimeout(3*time.Second))
 		cancel()
 		if err == nil {
-			_ = c.Close()
+			_ = c.Close(context.Background())
 			t.Errorf("Dial(%s) succeeded", amqpsem.RedactURL(raw))
 			continue
 		}

@@ -43,11 +43,8 @@ func TestAMQPS(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Dial amqps: %v", err)
 	}
-	defer c.Close()
-	m, err := c.Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	defer c.Close(context.Background())
+	m := c.Locker()
 	name := "amqps-" + t.Name()
 	lease, err := m.TryLock(ctx, name)
 	if err != nil {
@@ -70,7 +67,7 @@ func TestAMQPS(t *testing.T) {
 
 	// Without the test CA the server's certificate is refused.
 	if c, err := amqpsem.Dial(ctx, good, testOptions()...); err == nil {
-		c.Close()
+		c.Close(context.Background())
 		t.Fatal("Dial amqps trusted a certificate from an unknown authority")
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
@@ -34,14 +36,16 @@ var (
 // the number of its slot queues A[1..C] at the broker, set by an [Admin]
 // (or by [WithCreate]); a client holds slot L while its connection owns
 // the exclusive holder queue B[L]. It implements [locks.Semaphore]; its
-// leases are [locks.SlotLease]s (*[Lease]).
+// leases are *[Lease]s whose Slot is L.
 //
 // Unlike the locks contract's fixed N, C is whatever the broker holds when
-// an acquire scans it: administrators may change it at any time. A
-// semaphore must exist before it is acquired: on a name without slots,
-// Acquire and TryAcquire fail at once with [ErrNoSlots] (so a misspelt
-// name does not wait forever), unless the Semaphore was made
-// [WithCreate], which creates it.
+// an acquire scans it: administrators may change it at any time. The
+// Semaphore's size (see [Client.Semaphore]) caps the slots it takes: it
+// takes slot L only if L <= size, so its leases never exceed
+// min(C, size). A semaphore must exist before it is acquired: on a name
+// without slots, Acquire and TryAcquire fail at once with [ErrNoSlots]
+// (so a misspelt name does not wait forever), unless the client was
+// dialed [WithCreate], which creates it with size slots.
 //
 // A Semaphore is safe for concurrent use; one client may hold several
 // slots of one name.
@@ -49,8 +53,17 @@ type Semaphore struct {
 	cl    *Client
 	c     *session // of one call; see bind
 	opts  options
+	size  int
 	admin *Admin
 }
+
+var (
+	_ locks.Semaphore   = (*Semaphore)(nil)
+	_ driver.Observable = (*Semaphore)(nil)
+)
+
+// Observe implements [driver.Observable]: fn sees the client's events.
+func (s *Semaphore) Observe(fn func(driver.Event)) (stop func()) { return s.cl.Observe(fn) }
 
 // bind returns s bound to the client's live session, for one call,
 // waiting for a reconnection until ctx ends.
@@ -68,18 +81,31 @@ func (s *Semaphore) bind(ctx context.Context) (*Semaphore, error) {
 	return &b, nil
 }
 
-var _ locks.Semaphore = (*Semaphore)(nil)
-
-// Semaphore returns a Semaphore of the client, with opts on top of the
-// client's options. Invalid options, and connection options, return an
-// error matching [locks.ErrInvalidOption].
-func (c *Client) Semaphore(opts ...Option) (*Semaphore, error) {
-	o, err := c.derive(opts)
-	if err != nil {
-		return nil, err
+// Semaphore returns a Semaphore of size slots, from 1 to
+// [MaxSemaphoreSize], with the client's options; another size returns
+// an error matching [locks.ErrInvalidOption] (and [ErrInvalidSlots])
+// before any I/O.
+//
+// The slot count of a persistent semaphore is what the broker stores
+// (C, the slot queues A[1..C]), not size. size is what this Semaphore
+// trusts the name with, the safe reading of both: with [WithCreate], a
+// missing semaphore is created with size slots; a semaphore that exists
+// with another count is never resized by it, and its acquires take only
+// slots 1..min(C, size). So a program that asks for 3 never holds more
+// than 3 slots of a name, even if an administrator grew it to 10 (slots 4
+// to 10 are for Semaphores of a larger size), and fewer when C is
+// smaller. To take any slot the broker has, whatever C, use
+// MaxSemaphoreSize.
+func (c *Client) Semaphore(size int) (*Semaphore, error) {
+	if size < 1 || size > MaxSemaphoreSize {
+		return nil, driver.Errorf("amqpsem", "semaphore", "", fmt.Errorf("%w: size must be in 1..%d, got %d", ErrInvalidSlots, MaxSemaphoreSize, size))
 	}
-	return &Semaphore{cl: c, opts: o, admin: &Admin{cl: c, opts: o, mutex: &Mutex{cl: c, opts: o}}}, nil
+	o := c.opts
+	return &Semaphore{cl: c, opts: o, size: size, admin: &Admin{cl: c, opts: o, mutex: &Locker{cl: c, opts: o}}}, nil
 }
+
+// Size returns the Semaphore's size: the highest slot it takes.
+func (s *Semaphore) Size() int { return s.size }
 
 // TryAcquire scans the slots of name from 1 as the specification says:
 // the first slot L whose A[L] exists and whose B[L] does not, it claims
@@ -100,13 +126,15 @@ func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, e
 	if err := s.opts.layout.checkSemName(name); err != nil {
 		return nil, err
 	}
-	s, err := s.bind(ctx)
+	ctx, cancel := s.cl.reg.Bind(ctx)
+	defer cancel()
+	b, err := s.bind(ctx)
 	if err != nil {
-		return nil, errorf("amqpsem: acquire %q: %w", name, err)
+		return nil, s.cl.fail(ctx, "tryacquire", name, err)
 	}
-	l, err := s.try(ctx, name)
+	l, err := b.try(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, s.cl.fail(ctx, "tryacquire", name, err)
 	}
 	return l, nil
 }
@@ -124,22 +152,20 @@ func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, erro
 	if err := s.opts.layout.checkSemName(name); err != nil {
 		return nil, err
 	}
-	s, err := s.bind(ctx)
+	ctx, cancel := s.cl.reg.Bind(ctx)
+	defer cancel()
+	b, err := s.bind(ctx)
 	if err != nil {
-		return nil, errorf("amqpsem: acquire %q: %w", name, err)
+		return nil, s.cl.fail(ctx, "acquire", name, err)
 	}
-	l, err := s.try(ctx, name)
-	if err == nil {
-		return l, nil
+	l, err := b.try(ctx, name)
+	if err != nil && errors.Is(err, locks.ErrNotAcquired) {
+		sub, unsubscribe := b.c.wakes.subscribe(ctx, name)
+		defer unsubscribe()
+		l, err = driver.Wait(ctx, sub.c, b.opts.backoff, b.tryFunc(name))
 	}
-	if !errors.Is(err, locks.ErrNotAcquired) {
-		return nil, err
-	}
-	sub, unsubscribe := s.c.wakes.subscribe(ctx, name)
-	defer unsubscribe()
-	l, err = driver.Wait(ctx, sub.c, s.opts.backoff, s.tryFunc(name))
 	if err != nil {
-		return nil, err
+		return nil, s.cl.fail(ctx, "acquire", name, err)
 	}
 	return l, nil
 }
@@ -148,104 +174,135 @@ func (s *Semaphore) tryFunc(name string) func(context.Context) (*Lease, error) {
 	return func(ctx context.Context) (*Lease, error) { return s.try(ctx, name) }
 }
 
+// try is one acquire attempt of a bound Semaphore: it scans for a free
+// slot and claims it, scanning again from 1 after each lost race, up to
+// the maximum attempts.
 func (s *Semaphore) try(ctx context.Context, name string) (*Lease, error) {
-	lay := s.opts.layout
-	if err := lay.checkSemName(name); err != nil {
+	if err := s.opts.layout.checkSemName(name); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	c := s.c
-	if err := c.errClosed(); err != nil {
-		return nil, errorf("amqpsem: acquire %q: %w", name, err)
+	if err := s.c.errClosed(); err != nil {
+		return nil, err
 	}
 	created := false
-	var lastRace error
 	for attempt := 0; ; {
 		slot, err := s.scan(ctx, name)
 		if err != nil {
 			return nil, err
 		}
 		if slot < 0 { // no slots at all
-			if s.opts.create > 0 && !created {
+			if s.opts.create && !created {
 				created = true
-				if err := s.admin.ensure(ctx, name, s.opts.create); err != nil {
+				if err := s.admin.ensure(ctx, name, s.size); err != nil {
 					return nil, err
 				}
 				continue
 			}
-			err := fmt.Errorf("%w: %q (no slot queue %q; create it with an Admin, or acquire WithCreate)", ErrNoSlots, name, lay.Slot(name, 1))
-			if others, oerr := s.admin.otherLayouts(ctx, name); oerr == nil && len(others) > 0 {
-				err = fmt.Errorf("%w: %q has no slots in the %s layout, but is a semaphore of %s", ErrNoSlots, name, lay.name(), describe(others))
-			}
-			return nil, err
+			return nil, s.noSlots(ctx, name)
 		}
 		if slot == 0 {
 			return nil, &locks.HeldError{Name: name, Err: ErrAllHeld}
 		}
-		b, a := lay.Holder(name, slot), lay.Slot(name, slot)
-		h, err := c.reserve(b, name)
-		if err != nil {
-			return nil, errorf("amqpsem: acquire %q: %w", name, err)
+		l, err := s.claim(ctx, name, slot)
+		if err == nil || !errors.Is(err, locks.ErrNotAcquired) {
+			return l, err
 		}
-		if h == nil {
+		if l == nil && err == errReservedHere {
 			continue // another call of this client just took it
-		}
-		if f := s.opts.hooks.beforeDeclare; f != nil {
-			f(slot)
-		}
-		sent := time.Now()
-		err = c.declareExclusive(ctx, h, lay.Args)
-		if err == nil {
-			// Verify before returning, as the specification recommends:
-			// A[L] may have been removed since the scan.
-			got, _, perr := c.probes.probe(ctx, a)
-			if perr != nil || !got[0] {
-				_ = c.free(context.WithoutCancel(ctx), h)
-				if perr != nil {
-					return nil, perr
-				}
-				err = &locks.HeldError{Name: name, Err: fmt.Errorf("%w: slot %d removed while acquiring it", ErrSlotRemoved, slot)}
-			} else {
-				return c.newLease(ctx, name, slot, a, h, sent)
-			}
-		} else {
-			err = declareError("acquire", name, b, err)
-		}
-		if !errors.Is(err, locks.ErrNotAcquired) {
-			return nil, err
 		}
 		// Lost the race (RESOURCE_LOCKED: the channel is closed and
 		// dropped from the pool; the connection lives on), or the slot
 		// went away: wait a random skew and scan again from 1.
-		lastRace = err
+		if amqpCode(err) == amqp.ResourceLocked {
+			s.cl.reg.Emit(driver.Event{Kind: driver.EventResourceLocked, Name: name, Err: err})
+		}
 		attempt++
 		if attempt >= s.opts.maxAttempts {
-			return nil, &locks.HeldError{Name: name, Err: fmt.Errorf("%w (%d attempts): %w", ErrContention, attempt, lastRace)}
+			return nil, &locks.HeldError{Name: name, Err: fmt.Errorf("%w (%d attempts): %w", ErrContention, attempt, err)}
 		}
-		if s.opts.skew > 0 {
-			d := rand.N(s.opts.skew)
-			if f := s.opts.hooks.skew; f != nil {
-				f(d, lastRace)
-			}
-			t := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return nil, ctx.Err()
-			case <-t.C:
-			}
+		if err := s.pause(ctx, err); err != nil {
+			return nil, err
 		}
 	}
 }
 
-// scan returns the first free slot of name: > 0 a slot whose A exists and
-// whose B does not; 0 when every slot is held; -1 when A[1] does not
-// exist. It probes a growing window of slots per round trip.
+// errReservedHere is claim's answer when another call of this client
+// is declaring or holds the slot's holder queue: scan again at once.
+var errReservedHere = &locks.HeldError{Err: errors.New("amqpsem: reserved by this client")}
+
+// claim declares slot's holder queue B exclusive and, once it holds it,
+// verifies that the slot queue A still exists, as the specification
+// recommends (A may have been removed since the scan). It returns an
+// error matching [locks.ErrNotAcquired] when it lost the race or the
+// slot went away, and nothing is then held.
+func (s *Semaphore) claim(ctx context.Context, name string, slot int) (*Lease, error) {
+	c, lay := s.c, s.opts.layout
+	b, a := lay.Holder(name, slot), lay.Slot(name, slot)
+	h, err := c.reserve(b, name)
+	if err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, errReservedHere
+	}
+	if f := s.opts.hooks.beforeDeclare; f != nil {
+		f(slot)
+	}
+	sent := time.Now()
+	if err := c.declareExclusive(ctx, h, lay.Args); err != nil {
+		return nil, declareError(name, b, err)
+	}
+	got, _, perr := c.probes.probe(ctx, a)
+	if perr != nil || !got[0] {
+		_ = c.free(context.WithoutCancel(ctx), h)
+		if perr != nil {
+			return nil, perr
+		}
+		return nil, &locks.HeldError{Name: name, Err: fmt.Errorf("%w: slot %d removed while acquiring it", ErrSlotRemoved, slot)}
+	}
+	return c.newLease(ctx, name, slot, a, h, sent)
+}
+
+// noSlots returns the [ErrNoSlots] error of name, saying in which other
+// layout it is a semaphore, if it is one.
+func (s *Semaphore) noSlots(ctx context.Context, name string) error {
+	lay := s.opts.layout
+	err := fmt.Errorf("%w: %q (no slot queue %q; create it with an Admin, or acquire WithCreate)", ErrNoSlots, name, lay.Slot(name, 1))
+	if others, oerr := s.admin.otherLayouts(ctx, name); oerr == nil && len(others) > 0 {
+		err = fmt.Errorf("%w: %q has no slots in the %s layout, but is a semaphore of %s", ErrNoSlots, name, lay.name(), describe(others))
+	}
+	return err
+}
+
+// pause waits a random skew after a lost race, so that racing clients
+// spread out; it returns ctx's error when ctx ends first.
+func (s *Semaphore) pause(ctx context.Context, race error) error {
+	if s.opts.skew <= 0 {
+		return nil
+	}
+	d := rand.N(s.opts.skew)
+	if f := s.opts.hooks.skew; f != nil {
+		f(d, race)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// scan returns the first free slot of name up to the Semaphore's size:
+// > 0 a slot whose A exists and whose B does not; 0 when every slot is
+// held; -1 when A[1] does not exist. It probes a growing window of slots per round trip.
 func (s *Semaphore) scan(ctx context.Context, name string) (int, error) {
 	lay := s.opts.layout
-	lo, size, limit := 1, 4, lay.SlotLimit(name)
+	lo, size, limit := 1, 4, min(lay.SlotLimit(name), s.size)
 	queues := make([]string, 0, 2*maxBatch)
 	for lo <= limit {
 		hi := min(lo+size-1, limit)

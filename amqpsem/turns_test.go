@@ -43,14 +43,8 @@ func TestMutexHandsOverToWaiter(t *testing.T) {
 	// A long back-off: the releaser waits that long at most for its
 	// wake-up's confirm, and for its turn.
 	slow := amqpsem.WithBackoff(locks.Backoff{Min: time.Second, Max: 2 * time.Second})
-	ma, err := dial(t, u, slow).Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mb, err := dial(t, u).Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ma := dial(t, u, slow).Locker()
+	mb := dial(t, u).Locker()
 	r := rawConn(t, u)
 	for round := range 3 {
 		held, err := ma.Lock(ctx, name)
@@ -109,10 +103,7 @@ func TestMutexTakesTurns(t *testing.T) {
 	events := make(chan event, clients*rounds)
 	errs := make(chan error, clients)
 	for i := range clients {
-		m, err := dial(t, u).Mutex()
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := dial(t, u).Locker()
 		go func() {
 			for range rounds {
 				t0 := time.Now()
@@ -219,14 +210,8 @@ func (r *raw) waitBound(exchange, key string) {
 // woken, it did not poll.
 func checkWoken(t *testing.T, u, name string, waiting func()) {
 	t.Helper()
-	holder, err := dial(t, u).Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiter, err := dial(t, u, amqpsem.WithBackoff(slowBackoff)).Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := dial(t, u).Locker()
+	waiter := dial(t, u, amqpsem.WithBackoff(slowBackoff)).Locker()
 	ctx := tctx(t)
 	lease, err := holder.TryLock(ctx, name)
 	if err != nil {

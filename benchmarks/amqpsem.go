@@ -34,25 +34,20 @@ func newAmqpsem(semaphore bool) func(context.Context, Env) (System, error) {
 }
 
 func (s *amqpsemSystem) NewClient(ctx context.Context) (Client, error) {
-	c, err := amqpsem.Dial(ctx, s.url)
+	c, err := amqpsem.Dial(ctx, s.url, amqpsem.WithCreate(true))
 	if err != nil {
 		return nil, err
 	}
 	cl := &amqpsemClient{s: s, c: c}
 	if s.semaphore {
-		sem, err := c.Semaphore(amqpsem.WithCreate(1))
+		sem, err := c.Semaphore(1)
 		if err != nil {
-			_ = c.Close()
+			_ = c.Close(ctx)
 			return nil, err
 		}
 		cl.Locker = s.track(semLocker{sem})
 	} else {
-		m, err := c.Mutex()
-		if err != nil {
-			_ = c.Close()
-			return nil, err
-		}
-		cl.Locker = leaseLocker{m}
+		cl.Locker = leaseLocker{c.Locker()}
 	}
 	return cl, nil
 }
@@ -87,7 +82,7 @@ func (s *amqpsemSystem) Close() error {
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer c.Close(ctx)
 	a, err := c.Admin()
 	if err != nil {
 		return err
@@ -113,13 +108,13 @@ func (c *amqpsemClient) Semaphore(_ context.Context, size int) (Locker, error) {
 	if !c.s.semaphore {
 		return nil, notApplicable("amqpsem/mutex is a mutex; amqpsem/semaphore runs the semaphore scenario")
 	}
-	sem, err := c.c.Semaphore(amqpsem.WithCreate(size))
+	sem, err := c.c.Semaphore(size)
 	if err != nil {
 		return nil, err
 	}
 	return c.s.track(semLocker{sem}), nil
 }
 
-func (c *amqpsemClient) Close() error { return c.c.Close() }
+func (c *amqpsemClient) Close() error { return c.c.Close(context.Background()) }
 
-var _ locks.Locker = (*amqpsem.Mutex)(nil)
+var _ locks.Locker = (*amqpsem.Locker)(nil)

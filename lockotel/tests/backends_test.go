@@ -104,34 +104,32 @@ type amqpEnv struct{ url string }
 
 func startAMQP(t testing.TB) *amqpEnv { return &amqpEnv{url: testenv.AMQPURL(t)} }
 
-func (e *amqpEnv) client(t testing.TB) *amqpsem.Client {
+func (e *amqpEnv) client(t testing.TB, more ...amqpsem.Option) *amqpsem.Client {
 	t.Helper()
-	c, err := amqpsem.Dial(setupContext(t), e.url,
+	opts := append([]amqpsem.Option{
 		amqpsem.WithHeartbeat(time.Second),
-		amqpsem.WithVerifyInterval(250*time.Millisecond),
-		amqpsem.WithBackoff(locks.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}))
+		amqpsem.WithVerifyInterval(250 * time.Millisecond),
+		amqpsem.WithBackoff(locks.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}),
+	}, more...)
+	c, err := amqpsem.Dial(setupContext(t), e.url, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
 }
 
 // locker returns the Locker (the exclusive-queue mutex) of a new client.
 func (e *amqpEnv) locker(t testing.TB) locks.Locker {
 	t.Helper()
-	m, err := e.client(t).Mutex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return e.client(t).Locker()
 }
 
 // semaphore returns a Semaphore of a new client that creates its names
 // with size slots; the test destroys them at cleanup.
 func (e *amqpEnv) semaphore(t testing.TB, size int) locks.Semaphore {
 	t.Helper()
-	s, err := e.client(t).Semaphore(amqpsem.WithCreate(size))
+	s, err := e.client(t, amqpsem.WithCreate(true)).Semaphore(size)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +158,7 @@ func (e *amqpEnv) destroyAtCleanup(t testing.TB, name string) {
 		if err != nil {
 			return
 		}
-		defer c.Close()
+		defer c.Close(ctx)
 		if a, err := c.Admin(); err == nil {
 			_, _ = a.Destroy(ctx, name)
 		}

@@ -47,7 +47,7 @@ type Lease struct {
 	mu       sync.Mutex
 	deadline time.Time
 	timer    *time.Timer
-	// renewing counts the renewal rounds (or the KeepAlive loop) under
+	// renewing counts the renewal rounds under
 	// way with this lease; Release waits for them before it tells the
 	// broker. Add only under mu while the lease is live.
 	renewing sync.WaitGroup
@@ -174,56 +174,6 @@ func (l *Lease) endLocked(cause error) bool {
 // Live reports whether the lease has not ended yet, its deadline
 // included (see [Lease.Context]).
 func (l *Lease) Live() bool { return l.pub.Err() == nil }
-
-// KeepAlive starts the lease's renewal loop: every interval it calls renew
-// with a context that ends at the lease's deadline or its end. When renew
-// returns a deadline, the lease is extended to it; when renew's error
-// matches [locks.ErrLost] or [locks.ErrPreempted], the lease ends with that cause at
-// once; any other error is retried on the next tick, and the deadline ends
-// the lease if no renewal lands in time. The loop stops when the lease
-// ends; Release waits for it before it calls the broker.
-//
-// KeepAlive must be called at most once. On a lease that has already
-// ended (released by another goroutine, say) it does nothing.
-func (l *Lease) KeepAlive(interval time.Duration, renew func(ctx context.Context) (time.Time, error)) {
-	// Under l.mu, so that Release, which ends the lease under l.mu before
-	// it waits for the loop, either sees this Add or stops it starting.
-	l.mu.Lock()
-	if l.ctx.Err() != nil {
-		l.mu.Unlock()
-		return
-	}
-	l.renewing.Add(1)
-	l.mu.Unlock()
-	go func() {
-		defer l.renewing.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-l.ctx.Done():
-				return
-			case <-t.C:
-			}
-			ctx, cancel := l.renewContext()
-			until, err := renew(ctx)
-			cancel()
-			switch {
-			case err == nil:
-				l.Extend(until)
-			case errors.Is(err, locks.ErrLost):
-				l.End(err)
-			}
-		}
-	}()
-}
-
-func (l *Lease) renewContext() (context.Context, context.CancelFunc) {
-	if dl := l.Deadline(); !dl.IsZero() {
-		return context.WithDeadline(l.ctx, dl)
-	}
-	return context.WithCancel(l.ctx)
-}
 
 // Release ends the lease with [locks.ErrReleased], waits for any renewal
 // under way to finish and frees the lease at the broker; see

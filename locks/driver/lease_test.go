@@ -61,51 +61,6 @@ func TestLeaseReleaseOnce(t *testing.T) {
 	}
 }
 
-// TestLeaseReleaseOrder: Release ends the lease's context with
-// ErrReleased and waits for the renewal loop to stop before it calls the
-// broker, so no renewal can race with the release.
-func TestLeaseReleaseOrder(t *testing.T) {
-	var renewing, renewals atomic.Int32
-	var l *driver.Lease
-	brokerTold := make(chan struct{})
-	l = driver.NewLease(context.Background(), driver.Spec{
-		Name: "n", Deadline: time.Now().Add(time.Minute),
-		Release: func(context.Context) error {
-			defer close(brokerTold)
-			if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrReleased) {
-				t.Errorf("the broker was told of the release while the lease's cause was %v, want ErrReleased", cause)
-			}
-			if n := renewing.Load(); n != 0 {
-				t.Errorf("the broker was told of the release while %d renewals ran", n)
-			}
-			return nil
-		},
-	})
-	l.KeepAlive(time.Millisecond, func(context.Context) (time.Time, error) {
-		renewing.Add(1)
-		defer renewing.Add(-1)
-		renewals.Add(1)
-		time.Sleep(5 * time.Millisecond) // a slow broker: Release must wait for it
-		return time.Now().Add(time.Minute), nil
-	})
-	for renewals.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	if err := l.Release(context.Background()); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	select {
-	case <-brokerTold:
-	default:
-		t.Fatal("Release returned without telling the broker")
-	}
-	n := renewals.Load()
-	time.Sleep(20 * time.Millisecond)
-	if m := renewals.Load(); m != n {
-		t.Fatalf("%d renewals after Release returned", m-n)
-	}
-}
-
 type ctxKey struct{}
 
 func TestLeaseKeepsValuesNotCancellation(t *testing.T) {
@@ -171,13 +126,28 @@ func TestLeaseEndIsFinal(t *testing.T) {
 	}
 }
 
-func TestKeepAlive(t *testing.T) {
+// renewing returns a registry renewing every lease every 10ms with
+// renew, and closes it at the end of the test.
+func renewing(t *testing.T, renew func(ctx context.Context, l *driver.Lease) (time.Time, error)) *driver.Registry {
+	reg, err := driver.NewRegistry(driver.Config{Backend: "test", RenewEvery: 10 * time.Millisecond,
+		Renew: func(ctx context.Context, batch []*driver.Lease) []driver.Renewal {
+			out := make([]driver.Renewal, len(batch))
+			for i, l := range batch {
+				out[i].Until, out[i].Err = renew(ctx, l)
+			}
+			return out
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Close(context.Background(), nil) })
+	return reg
+}
+
+func TestRenewal(t *testing.T) {
 	var renewals atomic.Int32
 	fail := make(chan error, 1)
-	l := driver.NewLease(context.Background(), driver.Spec{
-		Name: "n", Deadline: time.Now().Add(50 * time.Millisecond),
-	})
-	l.KeepAlive(10*time.Millisecond, func(ctx context.Context) (time.Time, error) {
+	reg := renewing(t, func(ctx context.Context, _ *driver.Lease) (time.Time, error) {
 		if _, ok := ctx.Deadline(); !ok {
 			t.Error("renew context has no deadline")
 		}
@@ -189,6 +159,10 @@ func TestKeepAlive(t *testing.T) {
 			return time.Now().Add(50 * time.Millisecond), nil
 		}
 	})
+	l, err := reg.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: time.Now().Add(50 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(150 * time.Millisecond) // three deadlines: only renewals keep it alive
 	if !l.Live() {
 		t.Fatalf("lease ended despite renewals: %v", context.Cause(l.Context()))
@@ -207,13 +181,14 @@ func TestKeepAlive(t *testing.T) {
 	}
 }
 
-func TestKeepAliveTransientErrorsHitDeadline(t *testing.T) {
-	l := driver.NewLease(context.Background(), driver.Spec{
-		Name: "n", Deadline: time.Now().Add(60 * time.Millisecond),
-	})
-	l.KeepAlive(10*time.Millisecond, func(ctx context.Context) (time.Time, error) {
+func TestRenewalTransientErrorsHitDeadline(t *testing.T) {
+	reg := renewing(t, func(context.Context, *driver.Lease) (time.Time, error) {
 		return time.Time{}, errors.New("broker unreachable")
 	})
+	l, err := reg.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: time.Now().Add(60 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-l.Context().Done():
 	case <-time.After(5 * time.Second):
@@ -248,21 +223,32 @@ func TestLeaseErrChecksDeadline(t *testing.T) {
 	}
 }
 
-// TestKeepAliveAfterRelease: a lease released by another goroutine while
-// its backend is still setting it up starts no renewal loop (and races
-// with nothing, under -race).
-func TestKeepAliveAfterRelease(t *testing.T) {
+// TestRenewalAfterRelease: a lease released by another goroutine while
+// its backend is still registering it is never renewed (and races with
+// nothing, under -race).
+func TestRenewalAfterRelease(t *testing.T) {
+	var renewedReleased atomic.Bool
+	reg := renewing(t, func(_ context.Context, l *driver.Lease) (time.Time, error) {
+		if !l.Live() {
+			renewedReleased.Store(true)
+		}
+		return time.Now().Add(time.Minute), nil
+	})
 	for range 100 {
-		l := driver.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: time.Now().Add(time.Minute)})
+		l, err := reg.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: time.Now().Add(time.Minute)})
+		if err != nil {
+			t.Fatal(err)
+		}
 		var wg sync.WaitGroup
 		wg.Go(func() { _ = l.Release(context.Background()) })
-		l.KeepAlive(time.Millisecond, func(context.Context) (time.Time, error) {
-			return time.Now().Add(time.Minute), nil
-		})
 		wg.Wait()
 		if l.Live() {
 			t.Fatal("the lease is live after Release")
 		}
+	}
+	time.Sleep(30 * time.Millisecond)
+	if renewedReleased.Load() {
+		t.Fatal("a released lease was handed to a renewal round")
 	}
 }
 

@@ -20,7 +20,7 @@ import (
 // cfg.name, with the runner every command under a lease shares.
 func acquire(ctx context.Context, c *amqpsem.Client, cfg *config, stdout, stderr io.Writer, logger *slog.Logger) int {
 	name := cfg.name
-	s, err := c.Semaphore()
+	s, err := c.Semaphore(amqpsem.MaxSemaphoreSize) // any slot the broker has
 	if err != nil {
 		logger.Error("failed", slog.String("error", message(err)))
 		return exitUsage

@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/latchkey-go/latchkey/amqpsem"
 	"github.com/latchkey-go/latchkey/locks"
@@ -188,7 +189,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(code(err), "%s", message(err))
 	}
-	defer c.Close()
+	defer func() {
+		// At most 2s for the AMQP close, as before Close took a context.
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = c.Close(cctx)
+	}()
 	if cfg.verb == "acquire" {
 		return acquire(ctx, c, cfg, stdout, stderr, logger)
 	}

@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -173,8 +174,8 @@ func semaphore(t *testing.T, url string) *amqpsem.Semaphore {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
-	s, err := c.Semaphore()
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	s, err := c.Semaphore(amqpsem.MaxSemaphoreSize)
 	if err != nil {
 		t.Fatal(err)
 	}

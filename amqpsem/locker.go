@@ -5,30 +5,41 @@ import (
 	"errors"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
-// Mutex is the exclusive-queue mutex: holding name means this client's
+// Locker is the exclusive-queue mutex: holding name means this client's
 // connection has declared the exclusive queue the layout names for it
 // (for [DefaultLayout], the queue "name" itself). RabbitMQ lets one
 // connection at a time own an exclusive queue, and deletes it when that
-// connection closes. A Mutex on a semaphore's name is that semaphore's
-// administration mutex. It implements [locks.Locker].
+// connection closes. A Locker's lock on a semaphore's name is that
+// semaphore's administration mutex. It implements [locks.Locker]; its
+// leases are *[Lease]s with Slot 0.
 //
-// A Mutex is safe for concurrent use; a name held by one of its leases is
-// not available to another call of the same client (leases are not
+// A Locker is safe for concurrent use; a name held by one of its leases
+// is not available to another call of the same client (leases are not
 // reentrant).
-type Mutex struct {
+type Locker struct {
 	cl   *Client
 	c    *session // of one call; see bind
 	opts options
 }
 
+var (
+	_ locks.Locker      = (*Locker)(nil)
+	_ driver.Observable = (*Locker)(nil)
+)
+
+// Observe implements [driver.Observable]: fn sees the client's events.
+func (m *Locker) Observe(fn func(driver.Event)) (stop func()) { return m.cl.Observe(fn) }
+
 // bind returns m bound to the client's live session, for one call,
 // waiting for a reconnection until ctx ends; a bound m is returned as
 // it is.
-func (m *Mutex) bind(ctx context.Context) (*Mutex, error) {
+func (m *Locker) bind(ctx context.Context) (*Locker, error) {
 	if m.c != nil {
 		return m, nil
 	}
@@ -39,19 +50,6 @@ func (m *Mutex) bind(ctx context.Context) (*Mutex, error) {
 	b := *m
 	b.c = s
 	return &b, nil
-}
-
-var _ locks.Locker = (*Mutex)(nil)
-
-// Mutex returns the client's mutex, with opts on top of the client's
-// options. Invalid options, and connection options, return an error
-// matching [locks.ErrInvalidOption].
-func (c *Client) Mutex(opts ...Option) (*Mutex, error) {
-	o, err := c.derive(opts)
-	if err != nil {
-		return nil, err
-	}
-	return &Mutex{cl: c, opts: o}, nil
 }
 
 // derive applies opts on top of the client's options.
@@ -73,17 +71,19 @@ func (c *Client) derive(opts []Option) (options, error) {
 // return an error matching [locks.ErrInvalidName] before any I/O. On
 // failure nothing is held; when ctx ends first, the error matches
 // ctx.Err().
-func (m *Mutex) TryLock(ctx context.Context, name string) (locks.Lease, error) {
+func (m *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
 	if _, err := m.opts.layout.checkMutexName(name); err != nil {
 		return nil, err
 	}
-	m, err := m.bind(ctx)
+	ctx, cancel := m.cl.reg.Bind(ctx)
+	defer cancel()
+	b, err := m.bind(ctx)
 	if err != nil {
-		return nil, errorf("amqpsem: lock %q: %w", name, err)
+		return nil, m.cl.fail(ctx, "trylock", name, err)
 	}
-	l, err := m.try(ctx, name, false)
+	l, err := b.try(ctx, name, false)
 	if err != nil {
-		return nil, err
+		return nil, m.cl.fail(ctx, "trylock", name, err)
 	}
 	return l, nil
 }
@@ -104,17 +104,28 @@ func (m *Mutex) TryLock(ctx context.Context, name string) (locks.Lease, error) {
 // only declared when it is still free at the next poll, so as not to
 // race the waiter a release woke: a lost wake-up costs up to two
 // back-off delays.
-func (m *Mutex) Lock(ctx context.Context, name string) (locks.Lease, error) {
+func (m *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	q, err := m.opts.layout.checkMutexName(name)
 	if err != nil {
 		return nil, err
 	}
-	m, err = m.bind(ctx)
+	ctx, cancel := m.cl.reg.Bind(ctx)
+	defer cancel()
+	b, err := m.bind(ctx)
 	if err != nil {
-		return nil, errorf("amqpsem: lock %q: %w", name, err)
+		return nil, m.cl.fail(ctx, "lock", name, err)
 	}
-	yield := m.c.wakes.waitedAtRelease(ctx, q, m.opts.backoff.Min)
-	if !yield {
+	l, err := b.lock(ctx, name, q)
+	if err != nil {
+		return nil, m.cl.fail(ctx, "lock", name, err)
+	}
+	return l, nil
+}
+
+// lock is Lock on a bound Locker, for queue q of name.
+func (m *Locker) lock(ctx context.Context, name, q string) (*Lease, error) {
+	yieldToWoken := m.c.wakes.waitedAtRelease(ctx, q, m.opts.backoff.Min)
+	if !yieldToWoken {
 		l, err := m.try(ctx, name, false)
 		if err == nil {
 			return l, nil
@@ -126,10 +137,10 @@ func (m *Mutex) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	sub, leave := m.c.wakes.takeTurns(ctx, name)
 	freeSeen := false
 	l, err := driver.Wait(ctx, sub.c, m.opts.backoff, func(ctx context.Context) (*Lease, error) {
-		if yield {
+		if yieldToWoken {
 			// Let the woken waiters go first: sleep until a wake-up or
 			// the first back-off delay.
-			yield = false
+			yieldToWoken = false
 			return nil, &locks.HeldError{Name: name, Holder: "a client this one yields to"}
 		}
 		if err := ctx.Err(); err != nil {
@@ -145,6 +156,10 @@ func (m *Mutex) Lock(ctx context.Context, name string) (locks.Lease, error) {
 			// likely free, so declare it without checking first.
 			freeSeen = false
 			l, err := m.try(ctx, name, false)
+			if amqpCode(err) == amqp.ResourceLocked {
+				// Another client took it first; the wait goes on.
+				m.cl.reg.Emit(driver.Event{Kind: driver.EventResourceLocked, Name: name, Err: err})
+			}
 			if err != nil && !errors.Is(err, locks.ErrNotAcquired) {
 				// Not used (ctx ended, the channel broke...): leave
 				// passes it on, or the other waiters would poll.
@@ -168,13 +183,10 @@ func (m *Mutex) Lock(ctx context.Context, name string) (locks.Lease, error) {
 		return m.try(ctx, name, false)
 	})
 	leave(err == nil)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
+	return l, err
 }
 
-func (m *Mutex) try(ctx context.Context, name string, probeFirst bool) (*Lease, error) {
+func (m *Locker) try(ctx context.Context, name string, probeFirst bool) (*Lease, error) {
 	q, err := m.opts.layout.checkMutexName(name)
 	if err != nil {
 		return nil, err
@@ -185,7 +197,7 @@ func (m *Mutex) try(ctx context.Context, name string, probeFirst bool) (*Lease, 
 	c := m.c
 	h, err := c.reserve(q, name)
 	if err != nil {
-		return nil, errorf("amqpsem: lock %q: %w", name, err)
+		return nil, err
 	}
 	if h == nil {
 		return nil, &locks.HeldError{Name: name, Holder: "this client"}
@@ -202,14 +214,14 @@ func (m *Mutex) try(ctx context.Context, name string, probeFirst bool) (*Lease, 
 	}
 	sent := time.Now()
 	if err := c.declareExclusive(ctx, h, m.opts.layout.Args); err != nil {
-		return nil, declareError("lock", name, q, err)
+		return nil, declareError(name, q, err)
 	}
 	return c.newLease(ctx, name, 0, "", h, sent)
 }
 
 // held reports whether queue q exists, or is held or being declared by
 // this client.
-func (m *Mutex) held(ctx context.Context, q string) (bool, error) {
+func (m *Locker) held(ctx context.Context, q string) (bool, error) {
 	if m.c.reserved(q) {
 		return true, nil
 	}
@@ -220,13 +232,14 @@ func (m *Mutex) held(ctx context.Context, q string) (bool, error) {
 	return got[0], nil
 }
 
-// declareError classifies the error of declaring exclusive queue q.
-func declareError(op, name, q string, err error) error {
+// declareError classifies the error of declaring exclusive queue q for
+// name.
+func declareError(name, q string, err error) error {
 	switch code := amqpCode(err); {
-	case code == 405: // RESOURCE_LOCKED: another connection owns it
+	case code == amqp.ResourceLocked: // another connection owns it
 		return &locks.HeldError{Name: name, Err: errorf("amqpsem: queue %q: %w", q, err)}
-	case code == 406: // PRECONDITION_FAILED: different arguments
-		return errorf("amqpsem: %s %q: queue %q exists with other arguments (another layout?): %w", op, name, q, err)
+	case code == amqp.PreconditionFailed: // different arguments
+		return errorf("amqpsem: queue %q exists with other arguments (another layout?): %w", q, err)
 	}
-	return errorf("amqpsem: %s %q: %w", op, name, err)
+	return err
 }
