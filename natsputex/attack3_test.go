@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/latchkey-go/latchkey/contracttest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
@@ -321,10 +322,12 @@ func TestAttack3HealthFailManyLeases(t *testing.T) {
 	url, bucket := promiseEnv(t, "atk3hc")
 	var fail atomic.Bool
 	var failedAt atomic.Int64
+	var checksFailed atomic.Int32
 	holder, proxy := proxiedClient(t, url, bucket, natsputex.WithHolderID("sick"),
 		natsputex.WithHealthCheck(func(context.Context, natsputex.State) error {
 			if fail.Load() {
 				failedAt.CompareAndSwap(0, time.Now().UnixNano())
+				checksFailed.Add(1)
 				return errors.New("sick (test)")
 			}
 			return nil
@@ -334,6 +337,7 @@ func TestAttack3HealthFailManyLeases(t *testing.T) {
 	defer cancel()
 	names := leaseNames(10)
 	gs := make([]*grants, len(names))
+	ended := make([]atomic.Int64, len(names))
 	for i, n := range names {
 		l, err := holder.Locker().TryLock(ctx, n)
 		if err != nil {
@@ -341,6 +345,7 @@ func TestAttack3HealthFailManyLeases(t *testing.T) {
 		}
 		gs[i] = newGrants()
 		gs[i].grant("sick", l)
+		go func() { <-l.Context().Done(); ended[i].Store(time.Now().UnixNano()) }()
 	}
 	var wg sync.WaitGroup
 	took := make([]time.Duration, len(names))
@@ -355,13 +360,46 @@ func TestAttack3HealthFailManyLeases(t *testing.T) {
 			}
 			gs[i].grant("waiter", l)
 			took[i] = time.Since(time.Unix(0, failedAt.Load()))
-			_ = l.Release(ctx)
 		}()
 	}
+	blanks := make(chan time.Time, 64)
+	kw, err := mustBucket(t, url, bucket).WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kw.Stop()
+	go func() {
+		for e := range kw.Updates() {
+			if e != nil && len(e.Value()) == 0 {
+				blanks <- e.Created()
+			}
+		}
+	}()
 	time.Sleep(300 * time.Millisecond)
 	proxy.Latency(100 * time.Millisecond)
 	fail.Store(true)
 	wg.Wait()
+	var first, last time.Time
+	for n := len(blanks); n > 0; n-- {
+		at := <-blanks
+		if first.IsZero() || at.Before(first) {
+			first = at
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	t.Logf("the holder's blanks landed over %v (first to last); %d failed health check call(s)", last.Sub(first).Round(time.Millisecond), checksFailed.Load())
+	var lastEnd time.Duration
+	for i := range ended {
+		lastEnd = max(lastEnd, time.Duration(ended[i].Load()-failedAt.Load()))
+	}
+	t.Logf("the last of the holder's leases ended %v after the failed check", lastEnd.Round(time.Millisecond))
+	// "a failure ends every one of them at once": the blanks may take
+	// their round trips, the leases' ends must not wait for them.
+	if lastEnd > 100*time.Millisecond {
+		t.Errorf("the holder's last lease ended %v after the failed health check, not at once", lastEnd.Round(time.Millisecond))
+	}
 	var worst time.Duration
 	for _, d := range took {
 		worst = max(worst, d)
@@ -408,7 +446,17 @@ func TestAttack3RestartMidConfirmation(t *testing.T) {
 				t.Fatal(err)
 			}
 			const C, R = 6, 100 * time.Millisecond
-			waiter := newTestClient(t, url, bucket, natsputex.WithHolderID("taker"),
+			// ConnectOptions: no writes buffered while the server is down,
+			// so the confirmation writes of the outage fail.
+			wnc, err := nats.Connect(url, natsputex.ConnectOptions()...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wjs, err := jetstream.New(wnc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waiter := newClientOn(t, wnc, wjs, bucket, natsputex.WithHolderID("taker"),
 				natsputex.WithRenewInterval(R), natsputex.WithFailureThreshold(3), natsputex.WithConfirmations(C))
 			takeover := make(chan time.Time, 8)
 			var mu sync.Mutex
@@ -428,9 +476,20 @@ func TestAttack3RestartMidConfirmation(t *testing.T) {
 			})
 			defer stop()
 			got := make(chan grant, 1)
+			var lockFailures []string
 			go func() {
-				l, err := waiter.Locker().Lock(ctx, "job")
-				got <- grant{lease: l, err: err, otherLive: held.Context().Err() == nil}
+				for {
+					l, err := waiter.Locker().Lock(ctx, "job")
+					if err != nil && ctx.Err() == nil {
+						mu.Lock()
+						lockFailures = append(lockFailures, err.Error())
+						mu.Unlock()
+						time.Sleep(10 * time.Millisecond)
+						continue
+					}
+					got <- grant{lease: l, err: err, otherLive: held.Context().Err() == nil}
+					return
+				}
 			}()
 			time.Sleep(100 * time.Millisecond)
 			nc.Close() // the crash
@@ -456,6 +515,9 @@ func TestAttack3RestartMidConfirmation(t *testing.T) {
 			mu.Lock()
 			t.Logf("takeover at 0, restart done at %v, grant at %v (token %d, crashed holder's %d); confirmations %v",
 				upAt.Sub(tookAt).Round(time.Millisecond), grantAt.Sub(tookAt).Round(time.Millisecond), g.lease.Token(), held.Token(), confirms)
+			if len(lockFailures) > 0 {
+				t.Logf("Lock failed %d time(s) while the server was down, first: %s", len(lockFailures), lockFailures[0])
+			}
 			for _, d := range confirms {
 				if d < C*R {
 					t.Errorf("a confirmation reported after %v, under C·R = %v", d, C*R)
