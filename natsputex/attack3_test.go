@@ -788,3 +788,227 @@ func TestAttack3CloseDuringSlowRound(t *testing.T) {
 	}
 	_ = free
 }
+
+// TestAttack3LostConfirmationReply: a holder crashes; a taker (R = 100ms,
+// F = 3, C = 4) on a proxy takes its key over, and the answer of one of
+// its confirmation writes (the first, or the third) is lost: the write
+// lands, its answer is dropped for 300ms and the connection is then
+// closed. A second client (C = 1) waits in Lock meanwhile. The
+// confirmation, counted by time with "every write in between succeeding",
+// must not hand out a lease across the lost answer: no grant while
+// another lease is live, tokens rising, and the taker's lease (if it got
+// one) handed out at least C·R after the start of a run of writes it saw
+// succeed.
+func TestAttack3LostConfirmationReply(t *testing.T) {
+	for _, k := range []int{0, 2} {
+		t.Run(fmt.Sprintf("write%d", k+1), func(t *testing.T) {
+			const C, R = 4, 100 * time.Millisecond
+			url, bucket := promiseEnv(t, "atk3lostconf")
+			writes := watchWrites(t, url, bucket, "job")
+			nc, js, err := connect(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			crashed := newClientOn(t, nc, js, bucket, natsputex.WithHolderID("crashed"))
+			g := newGrants()
+			held, err := crashed.Locker().TryLock(context.Background(), "job")
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.grant("crashed", held)
+			proxy := newTriggerProxy(t, strings.TrimPrefix(url, "nats://"), "PUB $KV."+bucket+".job ", 300*time.Millisecond)
+			taker := newTestClient(t, "nats://"+proxy.Addr(), bucket, natsputex.WithHolderID("taker"),
+				natsputex.WithRenewInterval(R), natsputex.WithConfirmations(C))
+			other := newTestClient(t, url, bucket, natsputex.WithHolderID("other"))
+			var tookAt atomic.Int64
+			defer taker.Locker().Observe(func(e driver.Event) {
+				if e.Kind == driver.EventTakeover && tookAt.Load() == 0 {
+					tookAt.Store(time.Now().UnixNano())
+					time.AfterFunc(time.Duration(k)*R+R/2, func() { proxy.armed.Store(true) })
+				}
+			})()
+			ctx, cancel := context.WithTimeout(context.Background(), 12*time.Second)
+			defer cancel()
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			var takerGrant, otherGrant time.Time
+			var takerFree bool // the taker took a blank key: no confirmation
+			lockLoop := func(c struct {
+				who string
+				cl  *natsputex.Client
+			}) {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for ctx.Err() == nil {
+						l, err := c.cl.Locker().Lock(ctx, "job")
+						if err != nil {
+							time.Sleep(10 * time.Millisecond)
+							continue
+						}
+						g.grant(c.who, l)
+						if c.who == "other" {
+							mu.Lock()
+							otherGrant = time.Now()
+							mu.Unlock()
+						}
+						if c.who == "taker" {
+							mu.Lock()
+							takerGrant = time.Now()
+							writes.mu.Lock()
+							for _, w := range writes.writes {
+								if w.rev == l.Token()-1 || w.rev < l.Token() {
+									takerFree = w.value == "" // the write before the taker's
+								}
+							}
+							writes.mu.Unlock()
+							mu.Unlock()
+						}
+						time.Sleep(300 * time.Millisecond)
+						_ = l.Release(context.Background())
+						return
+					}
+				}()
+			}
+			type locker = struct {
+				who string
+				cl  *natsputex.Client
+			}
+			lockLoop(locker{"taker", taker})
+			time.Sleep(100 * time.Millisecond)
+			nc.Close() // the crash
+			select {
+			case at := <-proxy.fired:
+				t.Logf("answer dropped for the write sent %v after the takeover", at.Sub(time.Unix(0, tookAt.Load())).Round(time.Millisecond))
+			case <-time.After(5 * time.Second):
+				t.Fatal("the trigger never fired")
+			}
+			lockLoop(locker{"other", other})
+			wg.Wait()
+			g.check(t)
+			mu.Lock()
+			defer mu.Unlock()
+			// The other client took the key from a confirming taker: it must
+			// have waited T and the taker's longer C·R after the taker's last
+			// write (the lost one included).
+			if !otherGrant.IsZero() && (takerGrant.IsZero() || otherGrant.Before(takerGrant)) {
+				last, _ := writes.lastBy("", time.Time{})
+				writes.mu.Lock()
+				for _, w := range writes.writes {
+					if strings.HasPrefix(w.value, "taker") && w.created.Before(otherGrant) {
+						last = w
+					}
+				}
+				writes.mu.Unlock()
+				gap := otherGrant.Sub(last.created)
+				t.Logf("the other client's lease %v after the taker's last write (rev %d)", gap.Round(time.Millisecond), last.rev)
+				if gap < 3*testR+C*R-10*time.Millisecond {
+					t.Errorf("the other client's lease came %v after the confirming taker's last write, under T + its C·R = %v", gap.Round(time.Millisecond), 3*testR+C*R)
+				}
+			}
+			if takerGrant.IsZero() || takerFree {
+				t.Logf("the taker got no lease over a held key (granted: %t)", !takerGrant.IsZero())
+				return
+			}
+			// The last run of the taker's writes, one R or so apart, before
+			// its grant: the grant must come C·R after its first write.
+			writes.mu.Lock()
+			var runStart, prev time.Time
+			for _, w := range writes.writes {
+				if w.created.After(takerGrant) {
+					break
+				}
+				if !strings.HasPrefix(w.value, "taker") {
+					runStart, prev = time.Time{}, time.Time{}
+					continue
+				}
+				if runStart.IsZero() || w.created.Sub(prev) > 2*R {
+					runStart = w.created
+				}
+				prev = w.created
+			}
+			writes.mu.Unlock()
+			t.Logf("the taker's lease %v after the start of its last run of writes", takerGrant.Sub(runStart).Round(time.Millisecond))
+			if takerGrant.Sub(runStart) < C*R-10*time.Millisecond {
+				t.Errorf("the taker's lease came %v after its run of writes began, under C·R = %v", takerGrant.Sub(runStart).Round(time.Millisecond), C*R)
+			}
+		})
+	}
+}
+
+// TestAttack3ClusterBatchStepDown: on an embedded 3-node cluster with an
+// R3 bucket, one Client pinned to a follower holds 10 leases (R = 200ms,
+// F = 3: T = 600ms) while another, pinned to the other follower, waits in
+// Lock on each name; the bucket's stream leader steps down three times,
+// 800ms apart, while the batched renewals run. No lease may be live past
+// its deadline, no name granted while its holder's lease is live, tokens
+// rise.
+func TestAttack3ClusterBatchStepDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-node cluster")
+	}
+	cluster := natsenv.StartCluster(t, 3)
+	nodes := cluster.Servers()
+	bucket := uniqueBucket("atk3cluster")
+	prepareBucket(t, cluster.URLs(), bucket, natsputex.WithReplicas(3))
+	leader := bucketLeader(t, cluster.URLs(), bucket, nodes, -1)
+	opts := []natsputex.Option{natsputex.WithRenewInterval(200 * time.Millisecond), natsputex.WithFailureThreshold(3)}
+	holder := newPinnedClient(t, nodes[(leader+1)%3].URL(), bucket, append(opts, natsputex.WithHolderID("holder"))...)
+	waiter := newPinnedClient(t, nodes[(leader+2)%3].URL(), bucket, append(opts, natsputex.WithHolderID("waiter"))...)
+	v := watchValidity(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	names := leaseNames(10)
+	gs := make([]*grants, len(names))
+	for i, n := range names {
+		l, err := holder.Locker().TryLock(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs[i] = newGrants()
+		gs[i].grant("holder", l)
+		v.add(n, l)
+	}
+	var wg sync.WaitGroup
+	var granted atomic.Int32
+	for i, n := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := waiter.Locker().Lock(ctx, n)
+			if err != nil {
+				return
+			}
+			granted.Add(1)
+			gs[i].grant("waiter", l)
+			v.add(n+"/waiter", l)
+		}()
+	}
+	nc, _, err := connect(cluster.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for range 3 {
+		time.Sleep(800 * time.Millisecond)
+		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := stepDown(sctx, nc, "KV_"+bucket); err != nil {
+			t.Logf("step down: %v", err)
+		}
+		scancel()
+	}
+	time.Sleep(time.Second)
+	var lost int
+	for _, g := range gs {
+		if g.leases[0].lease.Context().Err() != nil {
+			lost++
+		}
+	}
+	t.Logf("after three step-downs: %d of %d holder leases lost, %d names granted to the waiter", lost, len(names), granted.Load())
+	cancel()
+	wg.Wait()
+	for _, g := range gs {
+		g.check(t)
+	}
+	v.check(t)
+}
