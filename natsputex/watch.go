@@ -24,6 +24,8 @@ type watch struct {
 	once   sync.Once
 	cancel context.CancelFunc // ends every watcher's context, after the loop
 	done   chan struct{}      // closed when the loop has returned
+	// patience bounds stop's two waits together: max(T, 1s).
+	patience time.Duration
 }
 
 // rewatchPause bounds the pause between attempts to make a watcher again
@@ -51,7 +53,8 @@ func (c *Client) watch(ctx context.Context, op, name string, ks []string, cl *cl
 		cancel()
 		return nil, driver.Errorf(backend, op, name, fmt.Errorf("watch: %w", err))
 	}
-	w := &watch{wake: make(chan struct{}, 1), quit: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
+	w := &watch{wake: make(chan struct{}, 1), quit: make(chan struct{}), cancel: cancel, done: make(chan struct{}),
+		patience: max(c.o.ttl(), time.Second)}
 	index := make(map[string]int, len(ks))
 	for i, k := range ks {
 		index[k] = i
@@ -133,16 +136,19 @@ func (c *Client) stopWatch(w *watch) {
 	}
 }
 
-// stop ends the watch and waits, up to 5 s, for its goroutines to end.
+// stop ends the watch and waits, up to max(T, 1s) in all, for its
+// goroutines to end: a watcher on a connection that is gone may never
+// answer the request that deletes its consumer (found by an attack: a
+// Supervisor's Run took 5.3 s to return after its link was cut).
 func (w *watch) stop() {
 	w.once.Do(func() { close(w.quit) })
 	select {
 	case <-w.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(w.patience / 2):
 	}
 	w.cancel()
 	select {
 	case <-w.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(w.patience / 2):
 	}
 }

@@ -40,8 +40,11 @@ type Renewal struct {
 	// in time.
 	Err error
 
-	// Then, if set, runs after the lease has ended with Err, in the
-	// renewal goroutine: the clean-up a lost lease needs at the broker.
+	// Then, if set, runs after the lease has ended with Err: the clean-up
+	// a lost lease needs at the broker. The clean-ups of a round run
+	// concurrently, after every lost lease of the round has ended, in
+	// goroutines Close waits for; the lease's Release waits for its
+	// clean-up before it calls the broker.
 	Then func()
 }
 
@@ -199,7 +202,10 @@ func (r *Registry) Close(ctx context.Context, cause error) error {
 		l.End(cause) // a no-op for a lease that ended earlier
 		rel.Go(func() {
 			l.releaseOnce.Do(func() {
-				if err := l.free(ctx); err != nil {
+				// Without ctx's cancellation: a release cut short would leave
+				// the name held until the broker's TTL; the backend bounds
+				// its own calls, and Close stops waiting when ctx ends.
+				if err := l.free(context.WithoutCancel(ctx)); err != nil {
 					mu.Lock()
 					errs = append(errs, Errorf(r.backend, "release", l.Name(), err))
 					mu.Unlock()

@@ -3,6 +3,7 @@ package driver_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -248,5 +249,60 @@ func TestErrorfNamesOnce(t *testing.T) {
 	err := driver.Errorf("memlock", "trylock", "jobs", &locks.HeldError{Name: "jobs", Holder: "c1"})
 	if got, want := err.Error(), `memlock: trylock: locks: not acquired: "jobs" is held by c1`; got != want {
 		t.Fatalf("Errorf = %q, want %q", got, want)
+	}
+}
+
+// TestRegistryLostLeasesEndTogether: the leases a round finds lost all end
+// before any clean-up runs, and the clean-ups run concurrently (found by
+// an attack: ten blanks one round trip apart, each lease ending in turn).
+func TestRegistryLostLeasesEndTogether(t *testing.T) {
+	const n = 8
+	var running, most atomic.Int32
+	var leases []*driver.Lease
+	var mu sync.Mutex
+	endedBeforeCleanup := true
+	reg, _ := driver.NewRegistry(driver.Config{Backend: "test", RenewEvery: 5 * time.Millisecond,
+		Renew: func(ctx context.Context, batch []*driver.Lease) []driver.Renewal {
+			out := make([]driver.Renewal, len(batch))
+			for i := range batch {
+				out[i] = driver.Renewal{Err: driver.Lost(errors.New("health check failed")), Then: func() {
+					mu.Lock()
+					for _, l := range leases {
+						if l.Live() {
+							endedBeforeCleanup = false
+						}
+					}
+					mu.Unlock()
+					if c := running.Add(1); c > most.Load() {
+						most.Store(c)
+					}
+					time.Sleep(30 * time.Millisecond) // a slow broker
+					running.Add(-1)
+				}}
+			}
+			return out
+		}})
+	mu.Lock()
+	for i := range n {
+		l, err := reg.NewLease(context.Background(), driver.Spec{Name: fmt.Sprint(i), Deadline: time.Now().Add(time.Minute)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	mu.Unlock()
+	for _, l := range leases {
+		<-l.Context().Done()
+	}
+	if err := reg.Close(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !endedBeforeCleanup {
+		t.Error("a clean-up ran while another lost lease of its round was still live")
+	}
+	if most.Load() < 2 {
+		t.Errorf("clean-ups ran one at a time (at most %d at once)", most.Load())
 	}
 }

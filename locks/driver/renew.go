@@ -53,23 +53,23 @@ func (r *Registry) renewBatch() []*Lease {
 	return batch
 }
 
-// renewRound runs one RenewFunc call on batch and applies its answers.
+// renewRound runs one RenewFunc call on batch and applies its answers:
+// it extends the renewed leases, ends every lost one at once, then runs
+// the lost leases' clean-ups concurrently, each in a goroutine Close
+// waits for, so that a slow clean-up holds up neither the other leases'
+// ends nor the next round. A lease's Release waits for its clean-up.
 func (r *Registry) renewRound(batch []*Lease) {
-	defer func() {
-		for _, l := range batch {
-			l.renewing.Done()
-		}
-	}()
 	ctx, cancel := r.roundContext(batch)
 	start := time.Now()
 	answers := r.renew(ctx, batch)
 	cancel()
 	round := Event{Kind: EventRenewRound, Leases: len(batch), Duration: time.Since(start)}
+	var cleanups []func()
 	for i, l := range batch {
-		if i >= len(answers) {
-			break
+		var a Renewal
+		if i < len(answers) {
+			a = answers[i]
 		}
-		a := answers[i]
 		switch {
 		case a.Err == nil:
 			if !a.Until.IsZero() {
@@ -78,14 +78,22 @@ func (r *Registry) renewRound(batch []*Lease) {
 		case errors.Is(a.Err, locks.ErrLost):
 			l.End(a.Err)
 			if a.Then != nil {
-				a.Then()
+				cleanups = append(cleanups, func() {
+					defer l.renewing.Done()
+					a.Then()
+				})
+				continue // its Done comes after the clean-up
 			}
 		default:
 			round.Failed++
 			r.events.Emit(Event{Kind: EventRenewFailed, Name: l.Name(), Token: l.Token(), Err: a.Err})
 		}
+		l.renewing.Done()
 	}
 	r.events.Emit(round)
+	for _, f := range cleanups {
+		r.wg.Go(f) // the loop itself counts in wg, so Close has not finished waiting
+	}
 }
 
 // roundContext ends at the earliest validity deadline in batch, or when
