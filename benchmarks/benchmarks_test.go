@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -93,8 +94,8 @@ func checkResult(t *testing.T, r Result, system, scenario string) {
 
 func TestRegistry(t *testing.T) {
 	want := []string{
-		"memlock", "natsputex", "natsputex/R3", "amqpsem/mutex", "amqpsem/semaphore",
-		"redlockprio/N1", "redlockprio/N3", "redlockprio/N5",
+		"memlock", "natsputex", "natsputex+otel", "natsputex/R3", "amqpsem/mutex", "amqpsem/semaphore",
+		"redlockprio/N1", "redlockprio/N3", "redlockprio/N3+otel", "redlockprio/N5",
 		"redsync/N1", "redsync/N3", "redsync/N5", "redislock",
 		"floor/redis", "floor/nats-kv", "floor/amqp",
 	}
@@ -129,6 +130,8 @@ func TestRegistry(t *testing.T) {
 		{"floor/", []string{"floor/redis", "floor/nats-kv", "floor/amqp"}},
 		{"redislock, memlock", []string{"memlock", "redislock"}},
 		{"*/N1", []string{"redlockprio/N1", "redsync/N1"}},
+		{"redlockprio/*", []string{"redlockprio/N1", "redlockprio/N3", "redlockprio/N5"}},
+		{"natsputex+otel,natsputex", []string{"natsputex", "natsputex+otel"}},
 	} {
 		got, err := Match(tc.patterns)
 		if err != nil {
@@ -139,8 +142,12 @@ func TestRegistry(t *testing.T) {
 			t.Errorf("Match(%q) = %q, want %q", tc.patterns, Names(got), tc.want)
 		}
 	}
-	if all, _ := Match(""); len(all) != len(want) {
-		t.Errorf("Match(\"\") = %d systems, want all %d", len(all), len(want))
+	if all, _ := Match(""); len(all) != len(want)-2 {
+		t.Errorf("Match(\"\") = %d systems, want all %d but the 2 variants", len(all), len(want)-2)
+	}
+	withOtel := WithVariants([]Entry{es[0], es[1], es[7]})
+	if got, want := Names(withOtel), []string{"memlock", "natsputex", "natsputex+otel", "redlockprio/N3", "redlockprio/N3+otel"}; !slices.Equal(got, want) {
+		t.Errorf("WithVariants(memlock, natsputex, redlockprio/N3) = %q, want %q", got, want)
 	}
 	for _, bad := range []string{"nosuch", "redsync/[", "memlock,typo*"} {
 		if _, err := Match(bad); err == nil {
@@ -321,6 +328,32 @@ func benchScenario(b *testing.B, scenario string) {
 		if sys != nil {
 			_ = sys.Close()
 		}
+	}
+}
+
+func TestOverheads(t *testing.T) {
+	rep := &Report{}
+	rep.Add(Result{System: "natsputex", Scenario: Uncontended, P50: 1000, Ops: 900})
+	rep.Add(Result{System: "natsputex+otel", Scenario: Uncontended, P50: 1030, Ops: 880})
+	rep.Add(Result{System: "natsputex", Scenario: Contended, P50: 1, Ops: 500})
+	rep.Add(Result{System: "natsputex+otel", Scenario: Contended, P50: 1, Ops: 400})
+	rep.Add(Result{System: "redlockprio/N3+otel", Scenario: Uncontended, P50: 1000}) // no twin measured
+	rep.addOverheads()
+	if v, ok := rep.Metric("natsputex+otel", Uncontended, OverheadMetric); !ok || math.Abs(v-0.03) > 1e-9 {
+		t.Errorf("uncontended overhead = %v, %v; want 0.03 (1030 ÷ 1000 − 1)", v, ok)
+	}
+	if v, ok := rep.Metric("natsputex+otel", Contended, OverheadMetric); !ok || math.Abs(v-0.25) > 1e-9 {
+		t.Errorf("contended overhead = %v, %v; want 0.25 (500 ÷ 400 − 1)", v, ok)
+	}
+	if v, ok := rep.Metric("redlockprio/N3+otel", Uncontended, OverheadMetric); ok {
+		t.Errorf("overhead without a twin = %v, want none", v)
+	}
+	var out bytes.Buffer
+	if err := rep.WriteTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "+3.0%") || !strings.Contains(out.String(), "+25.0%") {
+		t.Errorf("table has no +3.0%% and +25.0%% overheads:\n%s", out.String())
 	}
 }
 

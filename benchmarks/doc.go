@@ -29,7 +29,12 @@
 //   - DEL), floor/nats-kv (kv.Create + kv.Delete; note that nats.go's
 //     Create over the delete marker of a freed key costs three round trips)
 //     and floor/amqp (exclusive queue declare + delete). Floors have no
-//     TTL, no ownership check and poll when they wait.
+//     TTL, no ownership check and poll when they wait;
+//   - variants, optional (only their exact names, or lockbench --otel,
+//     pick them): natsputex+otel and redlockprio/N3+otel, their twin with
+//     each client's Locker wrapped by lockotel on the OpenTelemetry SDK
+//     (see [OtelSuffix]); the report gives their overhead over the twin
+//     ([OverheadMetric]).
 //
 // Each system is a [System] handing out [Client]s (one per simulated
 // process, on its own connections) whose Lock returns a [Held]; backends'

@@ -8,12 +8,15 @@ require (
 	github.com/latchkey-go/latchkey/amqpsem v0.0.0
 	github.com/latchkey-go/latchkey/contracttest v0.0.0
 	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv v0.0.0
+	github.com/latchkey-go/latchkey/lockotel v0.0.0
 	github.com/latchkey-go/latchkey/locks v0.0.0
 	github.com/latchkey-go/latchkey/natsputex v0.0.0
 	github.com/latchkey-go/latchkey/redlockprio v0.0.0
 	github.com/nats-io/nats.go v1.53.1
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
+	go.opentelemetry.io/otel/sdk v1.47.0
+	go.opentelemetry.io/otel/sdk/metric v1.47.0
 )
 
 require (
@@ -29,10 +32,13 @@ require (
 	github.com/docker/docker v27.1.1+incompatible // indirect
 	github.com/docker/go-connections v0.5.0 // indirect
 	github.com/docker/go-units v0.5.0 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-viper/mapstructure/v2 v2.1.0 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/shlex v0.0.0-20191202100458-e7afc7fbc510 // indirect
+	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.18.5 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
@@ -51,6 +57,11 @@ require (
 	github.com/xeipuuv/gojsonpointer v0.0.0-20190905194746-02993c407bfb // indirect
 	github.com/xeipuuv/gojsonreference v0.0.0-20180127040603-bd5ef7bd5415 // indirect
 	github.com/xeipuuv/gojsonschema v1.2.0 // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/otel v1.47.0 // indirect
+	go.opentelemetry.io/otel/log v1.47.0 // indirect
+	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/crypto v0.50.0 // indirect
@@ -63,6 +74,7 @@ replace (
 	github.com/latchkey-go/latchkey/amqpsem => ../amqpsem
 	github.com/latchkey-go/latchkey/contracttest => ../contracttest
 	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv => ../contracttest/testenv/natsenv
+	github.com/latchkey-go/latchkey/lockotel => ../lockotel
 	github.com/latchkey-go/latchkey/locks => ../locks
 	github.com/latchkey-go/latchkey/natsputex => ../natsputex
 	github.com/latchkey-go/latchkey/redlockprio => ../redlockprio

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/natsputex"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -74,8 +75,20 @@ type natsputexClient struct {
 	nc *nats.Conn
 }
 
-func (c *natsputexClient) Semaphore(_ context.Context, size int) (Locker, error) {
+// LocksLocker returns the backend's own Locker.
+func (c *natsputexClient) LocksLocker() locks.Locker { return c.c.Locker() }
+
+// LocksSemaphore returns the backend's own Semaphore of size slots.
+func (c *natsputexClient) LocksSemaphore(size int) (locks.Semaphore, error) {
 	s, err := c.c.Semaphore(size)
+	if err != nil {
+		return nil, err // not a nil *Semaphore in a non-nil interface
+	}
+	return s, nil
+}
+
+func (c *natsputexClient) Semaphore(_ context.Context, size int) (Locker, error) {
+	s, err := c.LocksSemaphore(size)
 	if err != nil {
 		return nil, err
 	}

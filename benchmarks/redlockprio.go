@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/redlockprio"
 	"github.com/redis/go-redis/v9"
 )
@@ -107,8 +108,20 @@ type redlockprioClient struct {
 	cs []*redis.Client
 }
 
-func (c *redlockprioClient) Semaphore(_ context.Context, size int) (Locker, error) {
+// LocksLocker returns the backend's own Locker.
+func (c *redlockprioClient) LocksLocker() locks.Locker { return c.rc.Locker() }
+
+// LocksSemaphore returns the backend's own Semaphore of size slots.
+func (c *redlockprioClient) LocksSemaphore(size int) (locks.Semaphore, error) {
 	s, err := c.rc.Semaphore(size)
+	if err != nil {
+		return nil, err // not a nil *Semaphore in a non-nil interface
+	}
+	return s, nil
+}
+
+func (c *redlockprioClient) Semaphore(_ context.Context, size int) (Locker, error) {
+	s, err := c.LocksSemaphore(size)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -48,6 +49,12 @@ type Entry struct {
 	// matching [ErrUnavailable] when env lacks what the system needs.
 	New func(ctx context.Context, env Env) (System, error)
 
+	// Twin, when not empty, is the system this one wraps: a +otel variant
+	// is its twin with lockotel around each client's Locker (see
+	// [OtelSuffix]). The report gives the variant's overhead over its twin.
+	// Variants are optional: only their exact names pick them in [Match].
+	Twin string
+
 	// NotWired, when not empty, says why this version of the benchmarks
 	// cannot build the system (New then always fails).
 	NotWired string
@@ -65,10 +72,10 @@ func Systems() []Entry {
 	es := []Entry{
 		{Name: "memlock", Kind: Backend, New: newMemlock},
 	}
-	es = append(es, natsputexEntries()...)
+	es = append(es, withOtelVariants(natsputexEntries())...)
 	es = append(es, amqpsemEntries()...)
 	for _, n := range []int{1, 3, 5} {
-		es = append(es, redlockprioEntry(n, redisPeers(n)))
+		es = append(es, withOtelVariants([]Entry{redlockprioEntry(n, redisPeers(n))})...)
 	}
 	for _, n := range []int{1, 3, 5} {
 		es = append(es, Entry{Name: fmt.Sprintf("redsync/N%d", n), Kind: Peer, Needs: Redis, Masters: n,
@@ -96,12 +103,14 @@ func Lookup(name string) (Entry, bool) {
 // Match returns the entries, in registry order, whose names match any of
 // the comma-separated patterns. A pattern is a [path.Match] glob ("redsync/*",
 // "floor/*") or a prefix ending in "/" ("redlockprio/"); "" and "all" match
-// everything. A pattern that matches nothing is an error, so that a typo
-// does not silently shrink a run.
+// everything but the optional variants (entries with a [Entry.Twin]),
+// which only their exact names pick (or [WithVariants]). A pattern that
+// matches nothing is an error, so that a typo does not silently shrink a
+// run.
 func Match(patterns string) ([]Entry, error) {
 	all := Systems()
 	if p := strings.TrimSpace(patterns); p == "" || p == "all" {
-		return all, nil
+		return slices.DeleteFunc(all, func(e Entry) bool { return e.Twin != "" }), nil
 	}
 	picked := make([]bool, len(all))
 	for p := range strings.SplitSeq(patterns, ",") {
@@ -113,6 +122,9 @@ func Match(patterns string) ([]Entry, error) {
 			ok, err := path.Match(p, e.Name)
 			if err != nil {
 				return nil, fmt.Errorf("benchmarks: bad pattern %q: %w", p, err)
+			}
+			if e.Twin != "" && p != e.Name {
+				continue
 			}
 			if ok || (strings.HasSuffix(p, "/") && strings.HasPrefix(e.Name, p)) {
 				picked[i], hit = true, true
@@ -129,6 +141,22 @@ func Match(patterns string) ([]Entry, error) {
 		}
 	}
 	return out, nil
+}
+
+// WithVariants returns es, in registry order, with the variants (see
+// [Entry.Twin]) of the systems in es added.
+func WithVariants(es []Entry) []Entry {
+	in := map[string]bool{}
+	for _, e := range es {
+		in[e.Name] = true
+	}
+	var out []Entry
+	for _, e := range Systems() {
+		if in[e.Name] || (e.Twin != "" && in[e.Twin]) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // Names returns the entries' names.

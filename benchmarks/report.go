@@ -255,6 +255,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	if err := rep.writeMany(w, many); err != nil {
 		return err
 	}
+	if err := rep.writeOverheads(w); err != nil {
+		return err
+	}
 	rep.writeRTT(w)
 	rep.writeSkipped(w)
 	return nil

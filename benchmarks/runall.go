@@ -36,7 +36,7 @@ func RunAll(ctx context.Context, env Env, entries []Entry, scenarios []string, p
 	for _, e := range entries {
 		if e.NotWired != "" {
 			rep.Skip(e.Name, "", "not wired: "+e.NotWired)
-			say("lockbench: %-18s left out: not wired: %s", e.Name, e.NotWired)
+			say("lockbench: %-19s left out: not wired: %s", e.Name, e.NotWired)
 			continue
 		}
 		runnable = append(runnable, e)
@@ -63,7 +63,7 @@ func RunAll(ctx context.Context, env Env, entries []Entry, scenarios []string, p
 				}
 				failed[e.Name] = true
 				rep.Skip(e.Name, "", err.Error())
-				say("lockbench: %-18s left out: %v", e.Name, err)
+				say("lockbench: %-19s left out: %v", e.Name, err)
 				done += len(scenarios)
 				continue
 			}
@@ -80,14 +80,14 @@ func RunAll(ctx context.Context, env Env, entries []Entry, scenarios []string, p
 					if round == 0 {
 						rep.Skip(e.Name, sc, err.Error())
 					}
-					say("[%s%3d/%d] %-18s %-11s  skipped: %v", tag, done, total, e.Name, sc, err)
+					say("[%s%3d/%d] %-19s %-11s  skipped: %v", tag, done, total, e.Name, sc, err)
 				case err != nil:
 					rep.Skip(e.Name, sc, fmt.Sprintf("failed%s: %v", roundNote(round, rounds), err))
-					say("[%s%3d/%d] %-18s %-11s  FAILED after %v: %v", tag, done, total, e.Name, sc, took, err)
+					say("[%s%3d/%d] %-19s %-11s  FAILED after %v: %v", tag, done, total, e.Name, sc, took, err)
 				default:
 					k := pair{e.Name, sc}
 					got[k] = append(got[k], res)
-					say("[%s%3d/%d] %-18s %-11s  %7d samples  p50 %-8s p99 %-8s %9s ops/s  (%v)", tag, done, total, e.Name, sc,
+					say("[%s%3d/%d] %-19s %-11s  %7d samples  p50 %-8s p99 %-8s %9s ops/s  (%v)", tag, done, total, e.Name, sc,
 						res.Samples, FormatDuration(res.P50Duration()), FormatDuration(res.P99Duration()), FormatRate(res.Ops), took)
 				}
 			}
@@ -103,6 +103,7 @@ func RunAll(ctx context.Context, env Env, entries []Entry, scenarios []string, p
 			}
 		}
 	}
+	rep.addOverheads()
 	return rep, nil
 }
 

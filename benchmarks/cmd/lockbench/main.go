@@ -46,6 +46,7 @@ Examples:
   go run ./benchmarks/cmd/lockbench --duration 2s --json out.json --svg out.svg
   go run ./benchmarks/cmd/lockbench --only 'redlockprio/*,redsync/*,redislock,floor/redis'
   go run ./benchmarks/cmd/lockbench --only natsputex,floor/nats-kv --scenarios uncontended,handoff
+  go run ./benchmarks/cmd/lockbench --only natsputex,redlockprio/N3 --otel --scenarios uncontended --rounds 3
   go run ./benchmarks/cmd/lockbench --list
 
 Scenarios:
@@ -77,6 +78,17 @@ floor/redis) and to its best peer (redlockprio/Nk to redsync/Nk, and N1 also
 to redislock): p50 ÷ p50 for latency scenarios, ops/s ÷ ops/s for contended
 and many.
 
+Variants: natsputex+otel and redlockprio/N3+otel are natsputex and
+redlockprio/N3 with each client's Locker (and Semaphores) wrapped by
+lockotel on a real OpenTelemetry SDK: every span sampled, batched and
+dropped by a no-op exporter; every measurement aggregated by a meter
+provider with a manual reader. They run only when named in --only (globs
+and "all" leave them out) or with --otel, which adds the variant of each
+selected system that has one. The output then gives each variant's
+overhead over its twin, in the same run: p50 ÷ twin's p50 − 1 (contended:
+twin's ops/s ÷ variant's − 1). They skip many, mixed-priority and
+hung-minority.
+
 Brokers (started or found, as testenv does for the tests; loopback only):
   NATS      embedded nats-server, always (one node and a 3-node cluster)
   Redis     LOCKS_REDIS_ADDRS (5 independent masters), else 5 redis-server
@@ -99,7 +111,7 @@ type flags struct {
 	rounds, workers int
 	leases          int
 	jsonOut, svgOut string
-	list            bool
+	list, otel      bool
 	entries         []benchmarks.Entry // what only selects
 	scenarioList    []string           // what scenarios selects, in report order
 }
@@ -118,6 +130,7 @@ func parseFlags(args []string, stderr io.Writer) (f flags, code int, ok bool) {
 	fs.DurationVar(&f.ttl, "ttl", benchmarks.DefaultTTL, "lease TTL of the systems with TTLs (renewed every third)")
 	fs.StringVar(&f.jsonOut, "json", "", "write the results as JSON to `FILE`")
 	fs.StringVar(&f.svgOut, "svg", "", "write a chart as SVG to `FILE`")
+	fs.BoolVar(&f.otel, "otel", false, "also run the +otel variant (the system wrapped by lockotel on the OpenTelemetry SDK) of each selected system that has one, and print its overhead")
 	fs.BoolVar(&f.list, "list", false, "list the systems and scenarios, and exit")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
@@ -140,6 +153,9 @@ func parseFlags(args []string, stderr io.Writer) (f flags, code int, ok bool) {
 	if f.entries, err = benchmarks.Match(f.only); err != nil {
 		fmt.Fprintf(stderr, "lockbench: --only: %v\n", err)
 		return f, 2, false
+	}
+	if f.otel {
+		f.entries = benchmarks.WithVariants(f.entries)
 	}
 	if f.scenarioList, err = pickScenarios(f.scenarios); err != nil {
 		fmt.Fprintf(stderr, "lockbench: --scenarios: %v\n", err)
@@ -180,7 +196,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rep.Machine.Brokers = bk.about
 	rep.Machine.Params = map[string]string{
 		"duration": f.duration.String(), "workers": fmt.Sprint(f.workers), "leases": fmt.Sprint(f.leases),
-		"ttl": f.ttl.String(), "rounds": fmt.Sprint(f.rounds), "only": f.only, "scenarios": strings.Join(f.scenarioList, ","),
+		"ttl": f.ttl.String(), "rounds": fmt.Sprint(f.rounds), "only": f.only, "otel": fmt.Sprint(f.otel), "scenarios": strings.Join(f.scenarioList, ","),
 		"hold": "100µs", "semaphore_size": "8",
 	}
 	logf("lockbench: done in %v", time.Since(start).Round(time.Second))
@@ -203,7 +219,10 @@ func listSystems(stdout io.Writer) {
 		if e.NotWired != "" {
 			note = "  (not wired: " + e.NotWired + ")"
 		}
-		fmt.Fprintf(stdout, "%-18s %-8s %s%s\n", e.Name, e.Kind, needs(e), note)
+		if e.Twin != "" {
+			note = "  (optional: " + e.Twin + " wrapped by lockotel; name it in --only, or --otel)"
+		}
+		fmt.Fprintf(stdout, "%-20s %-8s %s%s\n", e.Name, e.Kind, needs(e), note)
 	}
 	fmt.Fprintf(stdout, "scenarios: %s\n", strings.Join(benchmarks.Scenarios(), ", "))
 }
@@ -216,7 +235,7 @@ func (b *brokers) runnable(entries []benchmarks.Entry, logf func(string, ...any)
 	for _, e := range entries {
 		if why, ok := b.missing[e.Needs]; ok && e.NotWired == "" && (e.Needs != benchmarks.Redis || len(b.env.Redis) < e.Masters) {
 			leftOut = append(leftOut, benchmarks.Skipped{System: e.Name, Reason: e.Needs.String() + " unavailable: " + why})
-			logf("lockbench: %-18s left out: %s unavailable: %s", e.Name, e.Needs, why)
+			logf("lockbench: %-19s left out: %s unavailable: %s", e.Name, e.Needs, why)
 			continue
 		}
 		runnable = append(runnable, e)
