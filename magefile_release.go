@@ -39,8 +39,7 @@ const (
 
 // releasePolicy says what each go.work module is. A module missing here
 // fails every release target, so that none is released, or left out, by
-// accident. When the tests that need contracttest or an embedded server
-// move to modules of their own, list those as Unreleased.
+// accident.
 var releasePolicy = release.Policy{
 	RootPath: rootModulePath,
 	Roles: map[string]release.Role{
@@ -52,6 +51,15 @@ var releasePolicy = release.Policy{
 		"redlockprio":                  {Kind: release.Library, Client: ownClient["redlockprio"], Why: "Redis backend"},
 		"contracttest":                 {Kind: release.Support, Why: "the conformance suite, for backend authors"},
 		"contracttest/testenv/natsenv": {Kind: release.Support, Why: "embedded NATS servers for the suite"},
+		"lockotel": {Kind: release.Library, Client: "go.opentelemetry.io/otel", Why: "OpenTelemetry around any backend",
+			Allow: []string{"go.opentelemetry.io/otel/metric", "go.opentelemetry.io/otel/trace"}},
+		"natsputex/cmd/natslock":     {Kind: release.Support, Why: "the natslock command (go install)"},
+		"amqpsem/cmd/amqpsem":        {Kind: release.Support, Why: "the amqpsem command (go install)"},
+		"redlockprio/cmd/redlockrun": {Kind: release.Support, Why: "the redlockrun command (go install)"},
+		"natsputex/tests":            {Kind: release.Unreleased, Why: "natsputex's tests that need test-only modules"},
+		"amqpsem/tests":              {Kind: release.Unreleased, Why: "amqpsem's tests that need test-only modules"},
+		"redlockprio/tests":          {Kind: release.Unreleased, Why: "redlockprio's tests that need test-only modules"},
+		"lockotel/tests":             {Kind: release.Unreleased, Why: "lockotel's tests: the OpenTelemetry SDK and every backend"},
 	},
 	// Modules only tests need: a user of a backend must never get them
 	// (unless its own broker client requires them: amqp091-go requires goleak).

@@ -5,12 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/locks"
 )
 
@@ -22,7 +22,7 @@ import (
 // the client, its URL and a test context.
 func internalClient(t *testing.T) (*Client, string, context.Context) {
 	t.Helper()
-	u := testenv.AMQPURL(t)
+	u := testURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	c, err := Dial(ctx, u, WithHeartbeat(time.Second), WithVerifyInterval(250*time.Millisecond))
@@ -33,10 +33,97 @@ func internalClient(t *testing.T) (*Client, string, context.Context) {
 	return c, u, ctx
 }
 
-// ConnForTest returns c's connection, for the external tests: a queue
-// exclusive to c can only be declared, and so compared with the
-// arguments it should have, on c's own connection.
-func (c *Client) ConnForTest() *amqp.Connection { return c.sess().conn }
+// testURL is the broker of the internal tests: $LOCKS_AMQP_URL, else the
+// local one. One that does not answer skips the test, or fails it when CI
+// is set (the external tests find brokers with contracttest/testenv, which
+// this module does not require).
+func testURL(t *testing.T) string {
+	t.Helper()
+	u := os.Getenv("LOCKS_AMQP_URL")
+	if u == "" {
+		u = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	conn, err := amqp.Dial(u)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("no RabbitMQ at %s: %v", RedactURL(u), err)
+		}
+		t.Skipf("no RabbitMQ at %s (set LOCKS_AMQP_URL): %v", RedactURL(u), err)
+	}
+	_ = conn.Close()
+	return u
+}
+
+// TestHolderQueueArgumentsOnOwnConnection: holder queues B[i] and the
+// mutex queue of the default layout are exclusive, with x-max-length 0
+// and no other argument, so that probes never pile up in them. Only
+// their owner's connection may declare them, so the arguments are
+// compared there: a declare with x-max-length 0 alone is accepted, one
+// with other arguments refused (PRECONDITION_FAILED, which closes only
+// that channel). (Durability is not compared: RabbitMQ 3.10 accepts a
+// durable redeclare of an exclusive queue.)
+func TestHolderQueueArgumentsOnOwnConnection(t *testing.T) {
+	c, _, ctx := internalClient(t)
+	name := internalName(t)
+	admin, err := c.Admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Create(ctx, name, 1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = admin.Destroy(cctx, name)
+	})
+	s, err := c.Semaphore(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot, err := s.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := c.Locker().TryLock(ctx, name+"-mutex")
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxLen0 := amqp.Table{"x-max-length": int32(0)}
+	declare := func(q string, args amqp.Table) error {
+		ch, err := c.sess().conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.Close()
+		_, err = ch.QueueDeclare(q, false, false, true, false, args)
+		return err
+	}
+	for _, q := range []string{slot.(*Lease).Queue(), held.(*Lease).Queue()} {
+		if err := declare(q, maxLen0); err != nil {
+			t.Errorf("%q is not an exclusive queue with x-max-length 0 and no other argument: %v", q, err)
+		}
+		for what, args := range map[string]amqp.Table{
+			"no arguments":   nil,
+			"x-max-length 1": {"x-max-length": int32(1)},
+			"x-expires too":  {"x-max-length": int32(0), "x-expires": int32(60000)},
+		} {
+			var e *amqp.Error
+			if err := declare(q, args); !errors.As(err, &e) || e.Code != amqp.PreconditionFailed {
+				t.Errorf("a declare of %q with %s gave %v, want PRECONDITION_FAILED", q, what, err)
+			}
+		}
+	}
+	// The refused declares broke only their own channels.
+	for _, l := range []locks.Lease{slot, held} {
+		if err := l.(*Lease).Verify(ctx); err != nil {
+			t.Errorf("lease on %q after the test's declares: %v", l.(*Lease).Queue(), err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("release of %q: %v", l.(*Lease).Queue(), err)
+		}
+	}
+}
 
 // sess returns c's live session, for tests that reach into it.
 func (c *Client) sess() *session {

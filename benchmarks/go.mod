@@ -5,13 +5,13 @@ go 1.26.0
 require (
 	github.com/bsm/redislock v0.9.4
 	github.com/go-redsync/redsync/v4 v4.17.0
-	github.com/latchkey-go/latchkey/amqpsem v0.0.0
-	github.com/latchkey-go/latchkey/contracttest v0.0.0
-	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv v0.0.0
-	github.com/latchkey-go/latchkey/lockotel v0.0.0
-	github.com/latchkey-go/latchkey/locks v0.0.0
-	github.com/latchkey-go/latchkey/natsputex v0.0.0
-	github.com/latchkey-go/latchkey/redlockprio v0.0.0
+	github.com/latchkey-go/latchkey/amqpsem v0.1.0
+	github.com/latchkey-go/latchkey/contracttest v0.1.0
+	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv v0.1.0
+	github.com/latchkey-go/latchkey/lockotel v0.1.0
+	github.com/latchkey-go/latchkey/locks v0.1.0
+	github.com/latchkey-go/latchkey/natsputex v0.1.0
+	github.com/latchkey-go/latchkey/redlockprio v0.1.0
 	github.com/nats-io/nats.go v1.53.1
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -68,14 +68,4 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
-)
-
-replace (
-	github.com/latchkey-go/latchkey/amqpsem => ../amqpsem
-	github.com/latchkey-go/latchkey/contracttest => ../contracttest
-	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv => ../contracttest/testenv/natsenv
-	github.com/latchkey-go/latchkey/lockotel => ../lockotel
-	github.com/latchkey-go/latchkey/locks => ../locks
-	github.com/latchkey-go/latchkey/natsputex => ../natsputex
-	github.com/latchkey-go/latchkey/redlockprio => ../redlockprio
 )

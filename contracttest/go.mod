@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/anishathalye/porcupine v1.3.1
-	github.com/latchkey-go/latchkey/locks v0.0.0
+	github.com/latchkey-go/latchkey/locks v0.1.0
 	github.com/ory/dockertest/v3 v3.12.0
 	go.uber.org/goleak v1.3.0
 )
@@ -39,5 +39,3 @@ require (
 	gopkg.in/check.v1 v1.0.0-20190902080502-41f04d3bba15 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 )
-
-replace github.com/latchkey-go/latchkey/locks => ../locks

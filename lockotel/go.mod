@@ -3,7 +3,7 @@ module github.com/latchkey-go/latchkey/lockotel
 go 1.26.0
 
 require (
-	github.com/latchkey-go/latchkey/locks v0.0.0
+	github.com/latchkey-go/latchkey/locks v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
@@ -16,5 +16,3 @@ require (
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 )
-
-replace github.com/latchkey-go/latchkey/locks => ../locks

@@ -11,7 +11,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
@@ -22,7 +21,7 @@ import (
 // the lease ends with ErrLost before its validity runs out rather than at
 // it.
 func TestRenewRoundEndsBeforeEarliestDeadline(t *testing.T) {
-	servers := testenv.StartRedis(t, 1)
+	servers := startRedis(t, 1)
 	rc := redis.NewClient(&redis.Options{Addr: servers[0].Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer rc.Close()
 	const ttl, renew = 600 * time.Millisecond, 190 * time.Millisecond
@@ -99,7 +98,7 @@ func renewLoops() int {
 // renewed from one goroutine, which exits once no lease is held — while
 // the Locker stays open — and comes back for the next lease.
 func TestRenewGoroutineExitsWhenNoLeaseHeld(t *testing.T) {
-	servers := testenv.StartRedis(t, 3)
+	servers := startRedis(t, 3)
 	var ms []redis.UniversalClient
 	for _, s := range servers {
 		rc := redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})

@@ -2,6 +2,8 @@ package redlockprio
 
 import (
 	"github.com/redis/go-redis/v9"
+
+	"github.com/latchkey-go/latchkey/redlockprio/internal/scripts"
 )
 
 // Each step on a master is one of these scripts, run by SHA (EVALSHA,
@@ -30,54 +32,7 @@ import (
 // victim id, victim priority, victim pttl, victim inbox} for a theft.
 // When every slot is held it returns {0, 0, counter, holder id, smallest
 // pttl}.
-var acquireScript = redis.NewScript(`
-local id, ttl, prio, inbox = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local floor, first = tonumber(ARGV[5]), tonumber(ARGV[6])
-local n = #KEYS - 1
-local function fence()
-  local c = redis.call('INCR', KEYS[1])
-  if c <= floor then
-    c = floor + 1
-    redis.call('SET', KEYS[1], c)
-  end
-  return c
-end
-local victim, vprio = 0, 0
-for j = 0, n - 1 do
-  local i = (first + j) % n + 2
-  local h = redis.call('HMGET', KEYS[i], 'id', 'p')
-  if h[1] == id then -- a retried call that had already granted
-    return {1, i - 1, tonumber(redis.call('GET', KEYS[1]) or '0')}
-  end
-  if not h[1] then
-    redis.call('HSET', KEYS[i], 'id', id, 'p', prio, 'ch', inbox)
-    redis.call('PEXPIRE', KEYS[i], ttl)
-    return {1, i - 1, fence()}
-  end
-  local p = tonumber(h[2]) or 0
-  if p < prio and (victim == 0 or p < vprio) then victim, vprio = i, p end
-end
-if victim > 0 then
-  local k = KEYS[victim]
-  local old = redis.call('HMGET', k, 'id', 'p', 'ch')
-  local pttl = redis.call('PTTL', k)
-  redis.call('DEL', k)
-  redis.call('HSET', k, 'id', id, 'p', prio, 'ch', inbox, 'from', old[1])
-  local exp = tonumber(ttl)
-  if pttl > exp then exp = pttl end
-  redis.call('PEXPIRE', k, exp)
-  return {2, victim - 1, fence(), old[1], vprio, pttl, old[3] or ''}
-end
-local holder, minp = '', -1
-for i = 2, #KEYS do
-  local t = redis.call('PTTL', KEYS[i])
-  if minp < 0 or t < minp then
-    minp = t
-    holder = redis.call('HGET', KEYS[i], 'id') or ''
-  end
-end
-return {0, 0, tonumber(redis.call('GET', KEYS[1]) or '0'), holder, minp}
-`)
+var acquireScript = redis.NewScript(scripts.Acquire)
 
 // renewScript extends one slot key if it is still the caller's.
 //
@@ -89,17 +44,7 @@ return {0, 0, tonumber(redis.call('GET', KEYS[1]) or '0'), holder, minp}
 // priority took it from this id, 0 when it is gone or someone else's.
 var renewScript = redis.NewScript(renewSource)
 
-const renewSource = `
-local tok = tonumber(ARGV[3])
-if tonumber(redis.call('GET', KEYS[2]) or '0') < tok then redis.call('SET', KEYS[2], tok) end
-local h = redis.call('HMGET', KEYS[1], 'id', 'from')
-if h[1] == ARGV[1] then
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-  return 1
-end
-if h[2] == ARGV[1] then return -1 end
-return 0
-`
+const renewSource = scripts.Renew
 
 // releaseScript deletes one slot key if it is still the caller's and then
 // tells the name's waiters.
@@ -117,18 +62,7 @@ return 0
 // the name for the caller, and waiters wake once a quorum of masters has
 // said so (see Client.dispatch). It returns 1 when it deleted the key, 0
 // otherwise.
-var releaseScript = redis.NewScript(`
-local tok = tonumber(ARGV[2])
-if tok > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') < tok then redis.call('SET', KEYS[2], tok) end
-local deleted = 0
-local h = redis.call('HMGET', KEYS[1], 'id', 'from')
-if h[1] == ARGV[1] and not (ARGV[4] == '1' and h[2]) then
-  redis.call('DEL', KEYS[1])
-  deleted = 1
-end
-if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], ARGV[1]) end
-return deleted
-`)
+var releaseScript = redis.NewScript(scripts.Release)
 
 // raiseScript raises the fence counter KEYS[1] to at least ARGV[1] and
 // returns its value. With a slot key KEYS[2] and a holder id ARGV[2] (an
@@ -136,22 +70,11 @@ return deleted
 // key is not the holder's (a thief took it, or it is gone): the counter
 // then does not record the token for the holder, since a thief's grant
 // may have read it before it was raised.
-var raiseScript = redis.NewScript(`
-local c = tonumber(redis.call('GET', KEYS[1]) or '0')
-local tok = tonumber(ARGV[1])
-if c < tok then redis.call('SET', KEYS[1], tok); c = tok end
-if KEYS[2] and redis.call('HGET', KEYS[2], 'id') ~= ARGV[2] then return -1 end
-return c
-`)
+var raiseScript = redis.NewScript(scripts.Raise)
 
 // identScript tells whether this server already answered to another of
 // the Client's masters: KEYS[1] is the Client's own identity key, ARGV
 // the master's index and the key's lifetime in ms. It returns the index
 // of the first master that reached this server: a different index means
 // two masters are the same server (or the same cluster node).
-var identScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v then return tonumber(v) end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return tonumber(ARGV[1])
-`)
+var identScript = redis.NewScript(scripts.Ident)

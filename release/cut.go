@@ -119,7 +119,8 @@ func BumpAll(ws *Workspace, version string) (map[string][]byte, error) {
 
 // Cut makes the release commit and tags in the git repository at ws.Root:
 // every module's requirements on released siblings set to the plan's
-// version, the CHANGELOG's Unreleased section moved under the version
+// version (and go.work's replaces of them, which stand in for versions
+// not tagged yet), the CHANGELOG's Unreleased section moved under the version
 // (dated date), one commit, then one annotated tag per released module in
 // dependency order. Before it writes anything it checks the new go.mod
 // files ([CheckGoMods]) and the CHANGELOG; on such a failure the tree is
@@ -155,6 +156,19 @@ func Cut(ctx context.Context, ws *Workspace, p *Plan, changelog string, date tim
 	}
 	if err := os.WriteFile(clPath, []byte(newCL), 0o644); err != nil {
 		return nil, err
+	}
+	workPath := filepath.Join(ws.Root, "go.work")
+	if work, err := os.ReadFile(workPath); err == nil {
+		newWork, changed, err := BumpWork(ws, work, p.Version)
+		if err != nil {
+			return nil, fmt.Errorf("go.work: %w", err)
+		}
+		if changed {
+			if err := os.WriteFile(workPath, newWork, 0o644); err != nil {
+				return nil, err
+			}
+			files = append(files, "go.work")
+		}
 	}
 	git := Git{Dir: ws.Root}
 	msg := fmt.Sprintf("release %s\n\nTags: %s\n", p.Version, strings.Join(p.Tags(), " "))

@@ -159,3 +159,21 @@ func TestAddRelease(t *testing.T) {
 		}
 	}
 }
+
+func TestBumpWork(t *testing.T) {
+	ws := &Workspace{Modules: []*Module{
+		{Dir: "locks", Path: "github.com/latchkey-go/latchkey/locks", Role: Role{Kind: Library}},
+		{Dir: "natsputex/tests", Path: "github.com/latchkey-go/latchkey/natsputex/tests", Role: Role{Kind: Unreleased}},
+	}}
+	in := []byte("go 1.26.0\n\nuse (\n\t./locks\n\t./natsputex/tests\n)\n\nreplace github.com/latchkey-go/latchkey/locks v0.1.0 => ./locks\n")
+	out, changed, err := BumpWork(ws, in, "v0.2.0")
+	if err != nil || !changed {
+		t.Fatalf("BumpWork: changed %v, %v", changed, err)
+	}
+	if !strings.Contains(string(out), "github.com/latchkey-go/latchkey/locks v0.2.0 => ./locks") || strings.Contains(string(out), "v0.1.0") {
+		t.Fatalf("go.work after the bump:\n%s", out)
+	}
+	if _, changed, _ := BumpWork(ws, out, "v0.2.0"); changed {
+		t.Fatal("a second bump to the same version changed go.work")
+	}
+}

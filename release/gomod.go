@@ -232,3 +232,33 @@ func PinSiblings(ws *Workspace, m *Module, version string) ([]byte, bool, error)
 	data, err := f.Format()
 	return data, true, err
 }
+
+// BumpWork returns go.work with every versioned replace of a released
+// module (the local copy standing in for a version not tagged yet) moved
+// to version, and whether it changed.
+func BumpWork(ws *Workspace, data []byte, version string) ([]byte, bool, error) {
+	wf, err := modfile.ParseWork("go.work", data, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	changed := false
+	for _, r := range append([]*modfile.Replace(nil), wf.Replace...) {
+		m := ws.Module(r.Old.Path)
+		if m == nil || m.Role.Kind == Unreleased || r.Old.Version == "" || r.Old.Version == version {
+			continue
+		}
+		oldPath, oldVersion, newPath, newVersion := r.Old.Path, r.Old.Version, r.New.Path, r.New.Version
+		if err := wf.DropReplace(oldPath, oldVersion); err != nil {
+			return nil, false, err
+		}
+		if err := wf.AddReplace(oldPath, version, newPath, newVersion); err != nil {
+			return nil, false, err
+		}
+		changed = true
+	}
+	if !changed {
+		return data, false, nil
+	}
+	wf.Cleanup()
+	return modfile.Format(wf.Syntax), true, nil
+}

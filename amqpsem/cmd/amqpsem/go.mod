@@ -3,9 +3,9 @@ module github.com/latchkey-go/latchkey/amqpsem/cmd/amqpsem
 go 1.26.0
 
 require (
-	github.com/latchkey-go/latchkey/amqpsem v0.0.0
-	github.com/latchkey-go/latchkey/contracttest v0.0.0
-	github.com/latchkey-go/latchkey/locks v0.0.0
+	github.com/latchkey-go/latchkey/amqpsem v0.1.0
+	github.com/latchkey-go/latchkey/contracttest v0.1.0
+	github.com/latchkey-go/latchkey/locks v0.1.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 )
 
@@ -38,10 +38,4 @@ require (
 	github.com/xeipuuv/gojsonschema v1.2.0 // indirect
 	golang.org/x/sys v0.28.0 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
-)
-
-replace (
-	github.com/latchkey-go/latchkey/amqpsem => ../..
-	github.com/latchkey-go/latchkey/contracttest => ../../../contracttest
-	github.com/latchkey-go/latchkey/locks => ../../../locks
 )

@@ -3,7 +3,7 @@ module github.com/latchkey-go/latchkey/contracttest/testenv/natsenv
 go 1.26.0
 
 require (
-	github.com/latchkey-go/latchkey/contracttest v0.0.0
+	github.com/latchkey-go/latchkey/contracttest v0.1.0
 	github.com/nats-io/jwt/v2 v2.8.1
 	github.com/nats-io/nats-server/v2 v2.11.17
 	github.com/nats-io/nats.go v1.53.1
@@ -46,9 +46,4 @@ require (
 	golang.org/x/sys v0.43.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
-)
-
-replace (
-	github.com/latchkey-go/latchkey/contracttest => ../..
-	github.com/latchkey-go/latchkey/locks => ../../../locks
 )

@@ -3,8 +3,8 @@ module github.com/latchkey-go/latchkey/natsputex/cmd/natslock
 go 1.26.0
 
 require (
-	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv v0.0.0
-	github.com/latchkey-go/latchkey/natsputex v0.0.0
+	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv v0.1.0
+	github.com/latchkey-go/latchkey/natsputex v0.1.0
 	github.com/nats-io/nats.go v1.53.1
 	github.com/prometheus/client_golang v1.25.0
 	go.opentelemetry.io/otel v1.47.0
@@ -35,8 +35,8 @@ require (
 	github.com/google/shlex v0.0.0-20191202100458-e7afc7fbc510 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect
-	github.com/latchkey-go/latchkey/contracttest v0.0.0 // indirect
-	github.com/latchkey-go/latchkey/locks v0.0.0 // indirect
+	github.com/latchkey-go/latchkey/contracttest v0.1.0 // indirect
+	github.com/latchkey-go/latchkey/locks v0.1.0 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
 	github.com/moby/sys/user v0.3.0 // indirect
@@ -69,11 +69,4 @@ require (
 	golang.org/x/time v0.15.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
-)
-
-replace (
-	github.com/latchkey-go/latchkey/contracttest => ../../../contracttest
-	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv => ../../../contracttest/testenv/natsenv
-	github.com/latchkey-go/latchkey/locks => ../../../locks
-	github.com/latchkey-go/latchkey/natsputex => ../..
 )

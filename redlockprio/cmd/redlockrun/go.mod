@@ -3,9 +3,9 @@ module github.com/latchkey-go/latchkey/redlockprio/cmd/redlockrun
 go 1.26.0
 
 require (
-	github.com/latchkey-go/latchkey/contracttest v0.0.0-00010101000000-000000000000
-	github.com/latchkey-go/latchkey/locks v0.0.0
-	github.com/latchkey-go/latchkey/redlockprio v0.0.0
+	github.com/latchkey-go/latchkey/contracttest v0.1.0
+	github.com/latchkey-go/latchkey/locks v0.1.0
+	github.com/latchkey-go/latchkey/redlockprio v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
@@ -40,10 +40,4 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
-)
-
-replace (
-	github.com/latchkey-go/latchkey/contracttest => ../../../contracttest
-	github.com/latchkey-go/latchkey/locks => ../../../locks
-	github.com/latchkey-go/latchkey/redlockprio => ../..
 )

@@ -17,11 +17,8 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer c.Close()
-	m, err := c.Mutex()
-	if err != nil {
-		log.Fatal(err)
-	}
+	defer c.Close(ctx)
+	m := c.Locker()
 	name := fmt.Sprintf("release-check-%d", time.Now().UnixNano())
 	lease, err := m.Lock(ctx, name)
 	if err != nil {

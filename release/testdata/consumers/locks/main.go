@@ -12,10 +12,12 @@ import (
 
 func main() {
 	ctx := context.Background()
-	l, err := memlock.New().NewLocker()
+	c, err := memlock.New().NewClient()
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer c.Close(ctx)
+	l := c.Locker()
 	lease, err := l.Lock(ctx, "release-check")
 	if err != nil {
 		log.Fatal(err)

@@ -30,10 +30,14 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer client.Close()
+	defer client.Close(ctx)
 	name := fmt.Sprintf("release-check-%d", time.Now().UnixNano())
 	lease, err := client.Locker().Lock(ctx, name)
 	if err != nil {
+		log.Fatal(err)
+	}
+	// The work runs under lease.Context(): it ends if the lock is lost.
+	if err := lease.Context().Err(); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("natsputex: locked", name, "token", lease.Token())

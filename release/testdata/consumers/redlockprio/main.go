@@ -17,11 +17,12 @@ func main() {
 	defer cancel()
 	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	defer rc.Close()
-	l, err := redlockprio.New([]redis.UniversalClient{rc})
+	c, err := redlockprio.New([]*redis.Client{rc})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer l.Close()
+	defer c.Close(ctx)
+	l := c.Locker()
 	name := fmt.Sprintf("release-check-%d", time.Now().UnixNano())
 	lease, err := l.Lock(ctx, name)
 	if err != nil {

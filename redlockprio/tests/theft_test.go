@@ -97,7 +97,7 @@ func (h *releaseDelay) DialHook(next redis.DialHook) redis.DialHook { return nex
 func (h *releaseDelay) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if args := cmd.Args(); strings.EqualFold(cmd.Name(), "evalsha") && len(args) > 1 &&
-			redlockprio.ScriptNames[args[1].(string)] == "release" {
+			scriptNames[args[1].(string)] == "release" {
 			h.once.Do(func() { close(h.seen) })
 			select {
 			case <-time.After(h.delay):

@@ -66,10 +66,10 @@ func scriptOf(cmd redis.Cmder) string {
 	s, _ := args[1].(string)
 	switch strings.ToLower(cmd.Name()) {
 	case "evalsha":
-		return redlockprio.ScriptNames[s]
+		return scriptNames[s]
 	case "eval":
 		d := sha1.Sum([]byte(s))
-		return redlockprio.ScriptNames[hex.EncodeToString(d[:])]
+		return scriptNames[hex.EncodeToString(d[:])]
 	}
 	return ""
 }

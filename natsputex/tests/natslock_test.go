@@ -27,7 +27,7 @@ import (
 func buildNatslock(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "natslock")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/natslock")
+	cmd := exec.Command("go", "build", "-o", bin, "../cmd/natslock")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/natslock: %v\n%s", err, out)
 	}

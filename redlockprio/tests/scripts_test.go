@@ -89,7 +89,7 @@ func describe(cmd redis.Cmder, err error) string {
 		return ""
 	}
 	script := func(sha string) string {
-		if name, ok := redlockprio.ScriptNames[sha]; ok {
+		if name, ok := scriptNames[sha]; ok {
 			return name
 		}
 		return fmt.Sprintf("%.8s", sha)

@@ -150,7 +150,7 @@ func atkBin(t *testing.T) string {
 			return
 		}
 		atkBinPath = filepath.Join(dir, "amqpsem")
-		out, err := exec.Command("go", "build", "-o", atkBinPath, "./cmd/amqpsem").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", atkBinPath, "../cmd/amqpsem").CombinedOutput()
 		if err != nil {
 			atkBinErr = fmt.Errorf("build: %v: %s", err, out)
 		}

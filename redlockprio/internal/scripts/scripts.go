@@ -1,0 +1,98 @@
+// Package scripts holds the Lua source of every step redlockprio runs on a
+// master, so that redlockprio and its tests (a module of their own) share
+// one copy. The doc of each step is beside its use in redlockprio.
+package scripts
+
+// Acquire is the source of redlockprio's acquireScript.
+const Acquire = `
+local id, ttl, prio, inbox = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local floor, first = tonumber(ARGV[5]), tonumber(ARGV[6])
+local n = #KEYS - 1
+local function fence()
+  local c = redis.call('INCR', KEYS[1])
+  if c <= floor then
+    c = floor + 1
+    redis.call('SET', KEYS[1], c)
+  end
+  return c
+end
+local victim, vprio = 0, 0
+for j = 0, n - 1 do
+  local i = (first + j) % n + 2
+  local h = redis.call('HMGET', KEYS[i], 'id', 'p')
+  if h[1] == id then -- a retried call that had already granted
+    return {1, i - 1, tonumber(redis.call('GET', KEYS[1]) or '0')}
+  end
+  if not h[1] then
+    redis.call('HSET', KEYS[i], 'id', id, 'p', prio, 'ch', inbox)
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    return {1, i - 1, fence()}
+  end
+  local p = tonumber(h[2]) or 0
+  if p < prio and (victim == 0 or p < vprio) then victim, vprio = i, p end
+end
+if victim > 0 then
+  local k = KEYS[victim]
+  local old = redis.call('HMGET', k, 'id', 'p', 'ch')
+  local pttl = redis.call('PTTL', k)
+  redis.call('DEL', k)
+  redis.call('HSET', k, 'id', id, 'p', prio, 'ch', inbox, 'from', old[1])
+  local exp = tonumber(ttl)
+  if pttl > exp then exp = pttl end
+  redis.call('PEXPIRE', k, exp)
+  return {2, victim - 1, fence(), old[1], vprio, pttl, old[3] or ''}
+end
+local holder, minp = '', -1
+for i = 2, #KEYS do
+  local t = redis.call('PTTL', KEYS[i])
+  if minp < 0 or t < minp then
+    minp = t
+    holder = redis.call('HGET', KEYS[i], 'id') or ''
+  end
+end
+return {0, 0, tonumber(redis.call('GET', KEYS[1]) or '0'), holder, minp}
+`
+
+// Release is the source of redlockprio's releaseScript.
+const Release = `
+local tok = tonumber(ARGV[2])
+if tok > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') < tok then redis.call('SET', KEYS[2], tok) end
+local deleted = 0
+local h = redis.call('HMGET', KEYS[1], 'id', 'from')
+if h[1] == ARGV[1] and not (ARGV[4] == '1' and h[2]) then
+  redis.call('DEL', KEYS[1])
+  deleted = 1
+end
+if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], ARGV[1]) end
+return deleted
+`
+
+// Raise is the source of redlockprio's raiseScript.
+const Raise = `
+local c = tonumber(redis.call('GET', KEYS[1]) or '0')
+local tok = tonumber(ARGV[1])
+if c < tok then redis.call('SET', KEYS[1], tok); c = tok end
+if KEYS[2] and redis.call('HGET', KEYS[2], 'id') ~= ARGV[2] then return -1 end
+return c
+`
+
+// Ident is the source of redlockprio's identScript.
+const Ident = `
+local v = redis.call('GET', KEYS[1])
+if v then return tonumber(v) end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return tonumber(ARGV[1])
+`
+
+// Renew is the source of redlockprio's renewScript.
+const Renew = `
+local tok = tonumber(ARGV[3])
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tok then redis.call('SET', KEYS[2], tok) end
+local h = redis.call('HMGET', KEYS[1], 'id', 'from')
+if h[1] == ARGV[1] then
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+  return 1
+end
+if h[2] == ARGV[1] then return -1 end
+return 0
+`
