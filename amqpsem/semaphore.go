@@ -287,14 +287,7 @@ func (s *Semaphore) pause(ctx context.Context, race error) error {
 	if f := s.opts.hooks.skew; f != nil {
 		f(d, race)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return driver.Sleep(ctx, d)
 }
 
 // scan returns the first free slot of name up to the Semaphore's size:

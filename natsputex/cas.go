@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // This file holds the compare-and-set primitives on one key that both the
@@ -242,7 +244,7 @@ func retryBusy(ctx context.Context, cas func() (uint64, error)) (uint64, error) 
 			apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant {
 			return rev, err
 		}
-		if sleepCtx(ctx, pause) != nil {
+		if driver.Sleep(ctx, pause) != nil {
 			return rev, err
 		}
 		pause *= 3
@@ -411,16 +413,4 @@ func (c *clocks) last(i int) (uint64, time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.s[i].rev, c.s[i].quiet(c.s[i].rev, time.Now())
-}
-
-// sleepCtx waits for d or until ctx ends, and returns ctx's error then.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

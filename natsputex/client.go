@@ -147,7 +147,7 @@ func openBucket(ctx context.Context, js jetstream.JetStream, bucket string, o *o
 			last = err
 		}
 		if cerr == nil {
-			cerr = sleepCtx(ctx, pause)
+			cerr = driver.Sleep(ctx, pause)
 			pause = min(2*pause, time.Second)
 		}
 		if cerr != nil {

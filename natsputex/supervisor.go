@@ -267,7 +267,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	for bctx.Err() == nil {
 		begin := time.Now()
 		s.pumpCycle(bctx, cl, w)
-		_ = sleepCtx(bctx, time.Until(begin.Add(every)))
+		_ = driver.Sleep(bctx, time.Until(begin.Add(every)))
 	}
 	return s.shutdown(ctx)
 }

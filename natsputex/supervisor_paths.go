@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // This file holds the Supervisor's paths through a pump cycle: renewing
@@ -286,6 +288,6 @@ func (s *Supervisor) standby(ctx context.Context, r record, cl *clocks, w *watch
 	s.confirm(ctx, confirmationOf(s.key, s.key, value, rev, start, tm), fmt.Sprintf("took the key over after %v without a write", T))
 	if tm.confirm > 0 {
 		// The next stroke renews: one interval after this write.
-		_ = sleepCtx(ctx, s.c.o.renewEvery())
+		_ = driver.Sleep(ctx, s.c.o.renewEvery())
 	}
 }

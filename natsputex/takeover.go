@@ -208,7 +208,7 @@ func (c *Client) takeSilent(ctx context.Context, a attempt, r record, ht timing)
 	cf := confirmationOf(a.name, a.key, value, won, start, tm)
 	rev := won
 	for done := tm.confirm == 0; !done; {
-		if err = sleepCtx(ctx, c.o.renewEvery()); err != nil {
+		if err = driver.Sleep(ctx, c.o.renewEvery()); err != nil {
 			break
 		}
 		due, next := cf.due(time.Now()), cf.value

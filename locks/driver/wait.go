@@ -53,3 +53,15 @@ func Wait[T any](ctx context.Context, wake <-chan struct{}, b locks.Backoff, try
 		}
 	}
 }
+
+// Sleep waits for d, or until ctx ends, and then returns ctx's error.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
