@@ -84,7 +84,12 @@ func dialConn(ctx context.Context, url string, o options) (*amqp.Connection, *si
 		if cerr != nil {
 			return nil, nil, 0, errorf("amqpsem: dial %s: %w (%w)", redact(uri), cerr, err)
 		}
-		if dctx.Err() != nil || isTimeout(err) {
+		// amqp091 reports a handshake read that timed out as a frame
+		// error (501) without the net.Error, and the socket's deadline,
+		// set to the connect timeout's, fires a moment before dctx's own
+		// timer: past that deadline, the timeout it is.
+		dialDeadline, _ := dctx.Deadline()
+		if dctx.Err() != nil || isTimeout(err) || !dialDeadline.IsZero() && !time.Now().Before(dialDeadline) {
 			return nil, nil, 0, errorf("amqpsem: dial %s: no connection within the connect timeout %v: %w", redact(uri), o.connectTimeout, err)
 		}
 		return nil, nil, 0, errorf("amqpsem: dial %s: %w", redact(uri), err)
