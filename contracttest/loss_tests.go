@@ -107,7 +107,7 @@ func testLossOnRevoke(t testing.TB, nh NewHarness) {
 	}
 	name := e.name()
 	lease := e.mustTryLock(e.newClientLocker(), name)
-	ctx, cancel := e.opCtx()
+	ctx, cancel := e.revokeCtx()
 	defer cancel()
 	if err := r.Revoke(ctx, name); err != nil {
 		t.Fatalf("Revoke(%q): %v", name, err)

@@ -236,7 +236,7 @@ func testStaleRelease(t testing.TB, nh NewHarness) {
 		return
 	}
 	old = e.mustTryLock(a, name)
-	ctx, cancel := e.opCtx()
+	ctx, cancel := e.revokeCtx()
 	defer cancel()
 	if err := r.Revoke(ctx, name); err != nil {
 		t.Fatalf("Revoke(%q): %v", name, err)

@@ -200,6 +200,17 @@ func (e *env) opCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(e.ctx, opTimeout)
 }
 
+// revokeTimeout bounds a Revoker's Revoke: an administrator's step, which
+// may take as long as the backend's own administration does (amqpsem's
+// waits until a check of every slot number finds no holder: seconds under
+// the race detector on a loaded machine). A liveness bound, not a
+// performance claim.
+const revokeTimeout = 60 * time.Second
+
+func (e *env) revokeCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(e.ctx, revokeTimeout)
+}
+
 func (e *env) mustLock(l locks.Locker, name string) locks.Lease {
 	e.t.Helper()
 	ctx, cancel := e.opCtx()
