@@ -22,7 +22,7 @@ import (
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
-// The acquiring operations, as indices into core.callOpts.
+// The acquiring operations, as indices into core.callMeasure.
 const (
 	opLock = iota
 	opTryLock
@@ -38,7 +38,7 @@ var (
 
 const releaseSpan = "latchkey.release"
 
-// The outcomes of an acquiring call, as indices into core.callOpts.
+// The outcomes of an acquiring call, as indices into core.callMeasure.
 const (
 	outAcquired = iota
 	outNotAcquired
@@ -47,9 +47,15 @@ const (
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{OutcomeAcquired, OutcomeNotAcquired, OutcomeCanceled, OutcomeError}
+var (
+	outcomeNames = [numOutcomes]string{OutcomeAcquired, OutcomeNotAcquired, OutcomeCanceled, OutcomeError}
+	outcomeAttrs = [numOutcomes]attribute.KeyValue{
+		OutcomeKey.String(OutcomeAcquired), OutcomeKey.String(OutcomeNotAcquired),
+		OutcomeKey.String(OutcomeCanceled), OutcomeKey.String(OutcomeError),
+	}
+)
 
-// The causes of a lease's end, as indices into core.endOpts.
+// The causes of a lease's end, as indices into core.endMeasure.
 const (
 	causeReleased = iota
 	causeLost
@@ -72,16 +78,30 @@ type core struct {
 	kind        attribute.KeyValue
 	hashNames   bool
 	metricNames bool
+	rootSpans   bool
 
-	// The measurement options of metrics without names, made once.
-	callOpts [numOps][numOutcomes]metric.MeasurementOption
-	endOpts  [numCauses]metric.MeasurementOption
-	heldOpt  metric.MeasurementOption
-	eventOpt metric.MeasurementOption
+	// Made once, so that a call allocates none of them: the options of
+	// every span, and the measurement options of metrics without names.
+	startOpts   []trace.SpanStartOption
+	callMeasure [numOps][numOutcomes]measure
+	endMeasure  [numCauses]measure
+	heldMeasure measure
+	eventOpt    metric.MeasurementOption
 
 	flights  *flights // calls under way, for span events; nil without events
 	stop     func()   // ends the event subscription
 	stopOnce sync.Once
+}
+
+// measure is one attribute set as the variadic options of Record and Add.
+type measure struct {
+	rec []metric.RecordOption
+	add []metric.AddOption
+}
+
+func measureOf(kvs ...attribute.KeyValue) measure {
+	o := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	return measure{rec: []metric.RecordOption{o}, add: []metric.AddOption{o}}
 }
 
 func newCore(inner any, kind string, opts []Option) *core {
@@ -108,17 +128,19 @@ func newCore(inner any, kind string, opts []Option) *core {
 		kind:        KindKey.String(kind),
 		hashNames:   cfg.hashNames,
 		metricNames: cfg.metricNames,
+		rootSpans:   cfg.rootSpans,
 	}
+	c.startOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(c.backend, c.kind)}
 	for op := range numOps {
 		for out := range numOutcomes {
-			c.callOpts[op][out] = metric.WithAttributeSet(attribute.NewSet(c.backend, c.kind,
-				OperationKey.String(opNames[op]), OutcomeKey.String(outcomeNames[out])))
+			c.callMeasure[op][out] = measureOf(c.backend, c.kind,
+				OperationKey.String(opNames[op]), OutcomeKey.String(outcomeNames[out]))
 		}
 	}
 	for cause := range numCauses {
-		c.endOpts[cause] = metric.WithAttributeSet(attribute.NewSet(c.backend, c.kind, CauseKey.String(causeNames[cause])))
+		c.endMeasure[cause] = measureOf(c.backend, c.kind, CauseKey.String(causeNames[cause]))
 	}
-	c.heldOpt = metric.WithAttributeSet(attribute.NewSet(c.backend, c.kind))
+	c.heldMeasure = measureOf(c.backend, c.kind)
 	c.eventOpt = metric.WithAttributeSet(attribute.NewSet(c.backend))
 	if obs, ok := inner.(driver.Observable); ok && !cfg.noEvents {
 		c.flights = &flights{byName: make(map[string][]*flight)}
@@ -173,27 +195,34 @@ func (c *core) nameAttr(name string) attribute.KeyValue {
 	return NameKey.String(name)
 }
 
-// heldMeasure returns the measurement option of latchkey.leases.held.
-func (c *core) heldMeasure(name attribute.KeyValue) metric.MeasurementOption {
-	if !c.metricNames {
-		return c.heldOpt
-	}
-	return metric.WithAttributes(c.backend, c.kind, name)
+// traces reports whether a call made with ctx gets a span: with
+// [WithRootSpans], or when ctx carries a valid span context, which the
+// call's span then continues.
+func (c *core) traces(ctx context.Context) bool {
+	return c.rootSpans || trace.SpanContextFromContext(ctx).IsValid()
 }
 
-// acquire runs one acquiring call of op on name under a span, and wraps
-// the lease it returns.
-func (c *core) acquire(ctx context.Context, op int, name string, call func(context.Context, string) (locks.Lease, error)) (locks.Lease, error) {
-	parent := trace.SpanFromContext(ctx)
-	start := time.Now()
-	nameKV := c.nameAttr(name)
-	ctx, span := c.tracer.Start(ctx, spanNames[op], trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(c.backend, c.kind, nameKV))
-	var fl *flight
-	if c.flights != nil && span.IsRecording() {
-		fl = c.flights.add(name, span)
+// heldOpts returns the measurement options of latchkey.leases.held for a
+// lease on name.
+func (c *core) heldOpts(name string) []metric.AddOption {
+	if !c.metricNames {
+		return c.heldMeasure.add
 	}
-	inner, err := call(ctx, name)
+	return []metric.AddOption{metric.WithAttributes(c.backend, c.kind, c.nameAttr(name))}
+}
+
+// acquire runs one acquiring call of op on name, under a span if ctx is
+// traced, and wraps the lease it returns.
+func (c *core) acquire(ctx context.Context, op int, name string, call func(context.Context, string) (locks.Lease, error)) (locks.Lease, error) {
+	start := time.Now()
+	callCtx, span, fl := ctx, trace.Span(nil), (*flight)(nil)
+	if c.traces(ctx) {
+		callCtx, span = c.tracer.Start(ctx, spanNames[op], c.startOpts...)
+		if c.flights != nil && span.IsRecording() {
+			fl = c.flights.add(name, span)
+		}
+	}
+	inner, err := call(callCtx, name)
 	if err == nil && inner == nil {
 		err = fmt.Errorf("lockotel: %s %s %q returned neither a lease nor an error", c.backendName, opNames[op], name)
 	}
@@ -205,13 +234,36 @@ func (c *core) acquire(ctx context.Context, op int, name string, call func(conte
 	out := acquireOutcome(ctx, inner, err)
 	var l *lease
 	if out == outAcquired {
-		l = c.newLease(inner, parent, nameKV, end)
+		l = c.newLease(ctx, inner, span != nil, end)
 	}
+	if span != nil {
+		c.endAcquireSpan(span, name, out, l, err)
+	}
+	if c.metricNames {
+		opt := metric.WithAttributes(c.backend, c.kind, OperationKey.String(opNames[op]),
+			OutcomeKey.String(outcomeNames[out]), c.nameAttr(name))
+		c.ins.wait.Record(ctx, end.Sub(start).Seconds(), opt)
+		c.ins.acquisitions.Add(ctx, 1, opt)
+	} else {
+		m := &c.callMeasure[op][out]
+		c.ins.wait.Record(ctx, end.Sub(start).Seconds(), m.rec...)
+		c.ins.acquisitions.Add(ctx, 1, m.add...)
+	}
+	if l == nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// endAcquireSpan sets the attributes known once an acquiring call on name
+// returned, with outcome out, lease l (nil unless acquired) and error err,
+// and ends its span.
+func (c *core) endAcquireSpan(span trace.Span, name string, out int, l *lease, err error) {
 	if span.IsRecording() {
 		if l != nil {
-			span.SetAttributes(TokenKey.Int64(int64(l.Token())), SlotKey.Int(l.slot), OutcomeKey.String(outcomeNames[out]))
+			span.SetAttributes(c.nameAttr(name), outcomeAttrs[out], TokenKey.Int64(int64(l.Token())), SlotKey.Int(l.slot))
 		} else {
-			span.SetAttributes(OutcomeKey.String(outcomeNames[out]))
+			span.SetAttributes(c.nameAttr(name), outcomeAttrs[out])
 		}
 	}
 	if out == outError {
@@ -219,18 +271,6 @@ func (c *core) acquire(ctx context.Context, op int, name string, call func(conte
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
-
-	opt := c.callOpts[op][out]
-	if c.metricNames {
-		opt = metric.WithAttributes(c.backend, c.kind, OperationKey.String(opNames[op]),
-			OutcomeKey.String(outcomeNames[out]), nameKV)
-	}
-	c.ins.wait.Record(ctx, end.Sub(start).Seconds(), opt)
-	c.ins.acquisitions.Add(ctx, 1, opt)
-	if l == nil {
-		return nil, err
-	}
-	return l, nil
 }
 
 // acquireOutcome classifies the result of an acquiring call made with ctx.
