@@ -22,7 +22,7 @@ import (
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
-// The acquiring operations, as indices into core.callMeasure.
+// The acquiring operations, as indices into counts.calls.
 const (
 	opLock = iota
 	opTryLock
@@ -38,7 +38,7 @@ var (
 
 const releaseSpan = "latchkey.release"
 
-// The outcomes of an acquiring call, as indices into core.callMeasure.
+// The outcomes of an acquiring call, as indices into counts.calls.
 const (
 	outAcquired = iota
 	outNotAcquired
@@ -55,7 +55,7 @@ var (
 	}
 )
 
-// The causes of a lease's end, as indices into core.endMeasure.
+// The causes of a lease's end, as indices into counts.ends.
 const (
 	causeReleased = iota
 	causeLost
@@ -82,26 +82,16 @@ type core struct {
 
 	// Made once, so that a call allocates none of them: the options of
 	// every span, and the measurement options of metrics without names.
-	startOpts   []trace.SpanStartOption
-	callMeasure [numOps][numOutcomes]measure
-	endMeasure  [numCauses]measure
-	heldMeasure measure
-	eventOpt    metric.MeasurementOption
+	startOpts []trace.SpanStartOption
+	eventOpt  metric.MeasurementOption
+	tally     *tally
+	reg       metric.Registration // of tally's callback; nil if refused
 
 	flights  *flights // calls under way, for span events; nil without events
 	stop     func()   // ends the event subscription
 	stopOnce sync.Once
-}
 
-// measure is one attribute set as the variadic options of Record and Add.
-type measure struct {
-	rec []metric.RecordOption
-	add []metric.AddOption
-}
-
-func measureOf(kvs ...attribute.KeyValue) measure {
-	o := metric.WithAttributeSet(attribute.NewSet(kvs...))
-	return measure{rec: []metric.RecordOption{o}, add: []metric.AddOption{o}}
+	closeOnce sync.Once
 }
 
 func newCore(inner any, kind string, opts []Option) *core {
@@ -120,9 +110,10 @@ func newCore(inner any, kind string, opts []Option) *core {
 	if cfg.backend == "" {
 		cfg.backend = backendOf(inner)
 	}
+	meter := cfg.meters.Meter(Scope)
 	c := &core{
 		tracer:      cfg.tracers.Tracer(Scope),
-		ins:         newInstruments(cfg.meters.Meter(Scope)),
+		ins:         newInstruments(meter),
 		backendName: cfg.backend,
 		backend:     BackendKey.String(cfg.backend),
 		kind:        KindKey.String(kind),
@@ -131,22 +122,30 @@ func newCore(inner any, kind string, opts []Option) *core {
 		rootSpans:   cfg.rootSpans,
 	}
 	c.startOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(c.backend, c.kind)}
-	for op := range numOps {
-		for out := range numOutcomes {
-			c.callMeasure[op][out] = measureOf(c.backend, c.kind,
-				OperationKey.String(opNames[op]), OutcomeKey.String(outcomeNames[out]))
-		}
+	c.tally = &tally{c: c}
+	if !c.metricNames {
+		c.tally.all = newCounts(c.backend, c.kind)
 	}
-	for cause := range numCauses {
-		c.endMeasure[cause] = measureOf(c.backend, c.kind, CauseKey.String(causeNames[cause]))
-	}
-	c.heldMeasure = measureOf(c.backend, c.kind)
+	reg, err := meter.RegisterCallback(c.tally.observe, c.ins.acquisitions, c.ins.ends, c.ins.held)
+	handle(err)
+	c.reg = reg
 	c.eventOpt = metric.WithAttributeSet(attribute.NewSet(c.backend))
 	if obs, ok := inner.(driver.Observable); ok && !cfg.noEvents {
 		c.flights = &flights{byName: make(map[string][]*flight)}
 		c.stop = obs.Observe(c.onEvent)
 	}
 	return c
+}
+
+// close ends the event subscription and unregisters the callback of the
+// observable counters, once.
+func (c *core) close() {
+	c.stopEvents()
+	c.closeOnce.Do(func() {
+		if c.reg != nil {
+			handle(c.reg.Unregister())
+		}
+	})
 }
 
 // stopEvents ends the event subscription, once.
@@ -202,15 +201,6 @@ func (c *core) traces(ctx context.Context) bool {
 	return c.rootSpans || trace.SpanContextFromContext(ctx).IsValid()
 }
 
-// heldOpts returns the measurement options of latchkey.leases.held for a
-// lease on name.
-func (c *core) heldOpts(name string) []metric.AddOption {
-	if !c.metricNames {
-		return c.heldMeasure.add
-	}
-	return []metric.AddOption{metric.WithAttributes(c.backend, c.kind, c.nameAttr(name))}
-}
-
 // acquire runs one acquiring call of op on name, under a span if ctx is
 // traced, and wraps the lease it returns.
 func (c *core) acquire(ctx context.Context, op int, name string, call func(context.Context, string) (locks.Lease, error)) (locks.Lease, error) {
@@ -239,16 +229,9 @@ func (c *core) acquire(ctx context.Context, op int, name string, call func(conte
 	if span != nil {
 		c.endAcquireSpan(span, name, out, l, err)
 	}
-	if c.metricNames {
-		opt := metric.WithAttributes(c.backend, c.kind, OperationKey.String(opNames[op]),
-			OutcomeKey.String(outcomeNames[out]), c.nameAttr(name))
-		c.ins.wait.Record(ctx, end.Sub(start).Seconds(), opt)
-		c.ins.acquisitions.Add(ctx, 1, opt)
-	} else {
-		m := &c.callMeasure[op][out]
-		c.ins.wait.Record(ctx, end.Sub(start).Seconds(), m.rec...)
-		c.ins.acquisitions.Add(ctx, 1, m.add...)
-	}
+	n := c.tally.of(name)
+	c.ins.wait.Record(ctx, end.Sub(start).Seconds(), n.waitRec[op][out]...)
+	n.calls[op][out].Add(1)
 	if l == nil {
 		return nil, err
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/latchkey-go/latchkey/locks"
@@ -50,7 +49,7 @@ func (c *core) newLease(ctx context.Context, inner locks.Lease, traced bool, acq
 	if sl, ok := inner.(locks.SlotLease); ok {
 		l.slot = sl.Slot()
 	}
-	c.ins.held.Add(ctx, 1, c.heldOpts(inner.Name())...)
+	c.tally.of(inner.Name()).addHeld(1)
 	// No goroutine waits for the end: AfterFunc starts one, briefly, when
 	// the context ends (unless Release records the end itself).
 	l.stop = context.AfterFunc(inner.Context(), l.endNow)
@@ -133,17 +132,10 @@ func (l *lease) end(at time.Time) {
 	l.endOnce.Do(func() {
 		c := l.c
 		cause := causeOf(context.Cause(l.inner.Context()))
-		seconds := at.Sub(l.acquired).Seconds()
-		if c.metricNames {
-			opt := metric.WithAttributes(c.backend, c.kind, CauseKey.String(causeNames[cause]), c.nameAttr(l.inner.Name()))
-			c.ins.hold.Record(l.ctx, seconds, opt)
-			c.ins.ends.Add(l.ctx, 1, opt)
-		} else {
-			m := &c.endMeasure[cause]
-			c.ins.hold.Record(l.ctx, seconds, m.rec...)
-			c.ins.ends.Add(l.ctx, 1, m.add...)
-		}
-		c.ins.held.Add(l.ctx, -1, c.heldOpts(l.inner.Name())...)
+		n := c.tally.of(l.inner.Name())
+		c.ins.hold.Record(l.ctx, at.Sub(l.acquired).Seconds(), n.holdRec[cause]...)
+		n.ends[cause].Add(1)
+		n.addHeld(-1)
 	})
 }
 

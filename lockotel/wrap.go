@@ -52,6 +52,15 @@ func (l *Locker) Unwrap() locks.Locker { return l.inner }
 // the subscription holds no goroutine.
 func (l *Locker) StopEvents() { l.c.stopEvents() }
 
+// Close ends the wrapper's subscription to the backend's events and
+// unregisters the callback through which it reports its counters
+// (acquisitions, lease ends, leases held), which then leave the metrics;
+// the histograms and spans are still recorded. It is idempotent and safe
+// for concurrent use. A wrapper that lives as long as its meter provider
+// need not call it; one made for a shorter time should, or the provider
+// keeps reporting (and holding) its counters.
+func (l *Locker) Close() { l.c.close() }
+
 // Observe implements [driver.Observable] by passing fn to the wrapped
 // Locker, so that wrappers stack; if that Locker reports no events, fn is
 // never called.
@@ -99,6 +108,10 @@ func (s *Semaphore) Unwrap() locks.Semaphore { return s.inner }
 // StopEvents ends the wrapper's subscription to the backend's events; see
 // [Locker.StopEvents].
 func (s *Semaphore) StopEvents() { s.c.stopEvents() }
+
+// Close ends the wrapper's event subscription and unregisters its
+// counters' callback; see [Locker.Close].
+func (s *Semaphore) Close() { s.c.close() }
 
 // Observe implements [driver.Observable]; see [Locker.Observe].
 func (s *Semaphore) Observe(fn func(driver.Event)) (stop func()) { return observe(s.inner, fn) }
