@@ -104,3 +104,52 @@ func TestClose(t *testing.T) {
 		t.Errorf("hold durations after Close = %d, want 1", n)
 	}
 }
+
+// plainLease hides every method of a lease but locks.Lease's, AfterEnd
+// included.
+type plainLease struct{ locks.Lease }
+
+// plainLocker hands out plainLeases.
+type plainLocker struct{ inner locks.Locker }
+
+func (p plainLocker) Lock(ctx context.Context, name string) (locks.Lease, error) {
+	l, err := p.inner.Lock(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return plainLease{l}, nil
+}
+
+func (p plainLocker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
+	return p.Lock(ctx, name)
+}
+
+// A lease without AfterEnd has its end recorded through its context
+// (context.AfterFunc), by Release or by a loss alike.
+func TestEndOfLeaseWithoutAfterEnd(t *testing.T) {
+	tl := newTelemetry(t)
+	store := memlock.New()
+	l := lockotel.WrapLocker(plainLocker{memClient(t, store).Locker()}, tl.opts(lockotel.WithBackend("plain"))...)
+	released, err := l.Lock(tl.ctx, "released")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost, err := l.Lock(tl.ctx, "lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := released.Release(tl.ctx); err != nil {
+		t.Fatal(err)
+	}
+	store.Revoke("lost")
+	<-lost.Context().Done()
+	eventually(t, within, "lease end with cause lost not recorded", func() bool {
+		return tl.sum(t, "latchkey.lease.ends", cause("lost")) == 1
+	})
+	if got := tl.sum(t, "latchkey.lease.ends", cause("released")); got != 1 {
+		t.Errorf("ends released = %d, want 1", got)
+	}
+	if got := tl.sum(t, "latchkey.leases.held", backend("plain")); got != 0 {
+		t.Errorf("leases held = %d, want 0", got)
+	}
+}
