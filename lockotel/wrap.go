@@ -23,21 +23,22 @@ var (
 )
 
 // WrapLocker returns a Locker that passes every call to l, which must not
-// be nil, and records it: a span per call made inside a trace (or every call, [WithRootSpans]), the metrics of the package
-// doc, and, if l implements [driver.Observable] (and no [WithoutEvents]
-// is given), the backend's events until [Locker.StopEvents].
+// be nil, and records it: a span per call made inside a trace (per call,
+// with [WithRootSpans]), the metrics of the package doc, and, if l
+// implements [driver.Observable] (and no [WithoutEvents] is given), the
+// backend's events until [Locker.StopEvents].
 func WrapLocker(l locks.Locker, opts ...Option) *Locker {
 	return &Locker{inner: l, c: newCore(l, "lock", opts)}
 }
 
-// Lock calls the wrapped Lock under a span "latchkey.lock" if ctx is traced; see
-// [locks.Locker.Lock].
+// Lock calls the wrapped Lock under a span "latchkey.lock" if ctx
+// is traced; see [locks.Locker.Lock].
 func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	return l.c.acquire(ctx, opLock, name, l.inner.Lock)
 }
 
-// TryLock calls the wrapped TryLock under a span "latchkey.trylock" if ctx is traced; see
-// [locks.Locker.TryLock].
+// TryLock calls the wrapped TryLock under a span "latchkey.trylock" if
+// ctx is traced; see [locks.Locker.TryLock].
 func (l *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
 	return l.c.acquire(ctx, opTryLock, name, l.inner.TryLock)
 }
@@ -90,14 +91,14 @@ func WrapSemaphore(s locks.Semaphore, opts ...Option) *Semaphore {
 	return &Semaphore{inner: s, c: newCore(s, "semaphore", opts)}
 }
 
-// Acquire calls the wrapped Acquire under a span "latchkey.acquire" if ctx is traced; see
-// [locks.Semaphore.Acquire].
+// Acquire calls the wrapped Acquire under a span "latchkey.acquire" if
+// ctx is traced; see [locks.Semaphore.Acquire].
 func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, error) {
 	return s.c.acquire(ctx, opAcquire, name, s.inner.Acquire)
 }
 
 // TryAcquire calls the wrapped TryAcquire under a span
-// "latchkey.tryacquire"; see [locks.Semaphore.TryAcquire].
+// "latchkey.tryacquire" if ctx is traced; see [locks.Semaphore.TryAcquire].
 func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, error) {
 	return s.c.acquire(ctx, opTryAcquire, name, s.inner.TryAcquire)
 }
