@@ -127,6 +127,11 @@ func (l *Lease) Queue() string { return l.h.queue }
 // error matching ctx.Err() while it goes on.
 func (l *Lease) Release(ctx context.Context) error { return l.base.Release(ctx) }
 
+// AfterEnd arranges for f to run in its own goroutine once the lease has
+// ended, as [driver.Lease.AfterEnd] does; wrappers such as lockotel use
+// it. stop unregisters f and reports whether it did so before f started.
+func (l *Lease) AfterEnd(f func()) (stop func() bool) { return l.base.AfterEnd(f) }
+
 // Verify checks at the broker, now, that the lease still holds its slot:
 // that A[L] and B[L] (for a mutex, its queue) exist. When they do not, the
 // lease ends with [locks.ErrLost] and [ErrSlotRemoved], its queue is

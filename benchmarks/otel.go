@@ -57,11 +57,15 @@ func withOtelVariants(es []Entry) []Entry {
 	return out
 }
 
-// otelSystem is a system whose clients' Lockers are wrapped with lockotel.
-// Its SDK pays the whole recording cost and then drops the data cheaply:
-// every span is sampled (AlwaysSample) and goes through a batch span
-// processor to an exporter that discards it; every measurement is
-// aggregated by a meter provider whose manual reader is never collected.
+// otelSystem is a system whose clients' Lockers are wrapped with lockotel
+// in its default configuration, on the SDK as a typical service installs
+// it: the default sampler (ParentBased(AlwaysSample)) and a batch span
+// processor to an exporter that discards what it gets; every measurement
+// is aggregated by a meter provider whose manual reader is never
+// collected. The scenarios call outside any trace, as a background job
+// would, so the wrapper records metrics and starts no span (its default
+// without a caller's span); BenchmarkLockotelCost measures the cost of
+// calls inside a trace.
 // It has the scenarios of a plain [System] and, if its twin has
 // semaphores, the semaphore scenario; the twin's optional System
 // interfaces (many, priorities, hung masters) are not carried over.
@@ -75,7 +79,6 @@ func newOtelSystem(inner System) *otelSystem {
 	return &otelSystem{
 		inner: inner,
 		tracers: sdktrace.NewTracerProvider(
-			sdktrace.WithSampler(sdktrace.AlwaysSample()),
 			sdktrace.WithBatcher(tracetest.NewNoopExporter()),
 		),
 		meters: sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())),

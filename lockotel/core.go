@@ -22,7 +22,7 @@ import (
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
-// The acquiring operations, as indices into core.callOpts.
+// The acquiring operations, as indices into counts.calls.
 const (
 	opLock = iota
 	opTryLock
@@ -38,7 +38,7 @@ var (
 
 const releaseSpan = "latchkey.release"
 
-// The outcomes of an acquiring call, as indices into core.callOpts.
+// The outcomes of an acquiring call, as indices into counts.calls.
 const (
 	outAcquired = iota
 	outNotAcquired
@@ -47,9 +47,15 @@ const (
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{OutcomeAcquired, OutcomeNotAcquired, OutcomeCanceled, OutcomeError}
+var (
+	outcomeNames = [numOutcomes]string{OutcomeAcquired, OutcomeNotAcquired, OutcomeCanceled, OutcomeError}
+	outcomeAttrs = [numOutcomes]attribute.KeyValue{
+		OutcomeKey.String(OutcomeAcquired), OutcomeKey.String(OutcomeNotAcquired),
+		OutcomeKey.String(OutcomeCanceled), OutcomeKey.String(OutcomeError),
+	}
+)
 
-// The causes of a lease's end, as indices into core.endOpts.
+// The causes of a lease's end, as indices into counts.ends.
 const (
 	causeReleased = iota
 	causeLost
@@ -72,16 +78,20 @@ type core struct {
 	kind        attribute.KeyValue
 	hashNames   bool
 	metricNames bool
+	rootSpans   bool
 
-	// The measurement options of metrics without names, made once.
-	callOpts [numOps][numOutcomes]metric.MeasurementOption
-	endOpts  [numCauses]metric.MeasurementOption
-	heldOpt  metric.MeasurementOption
-	eventOpt metric.MeasurementOption
+	// Made once, so that a call allocates none of them: the options of
+	// every span, and the measurement options of metrics without names.
+	startOpts []trace.SpanStartOption
+	eventOpt  metric.MeasurementOption
+	tally     *tally
+	reg       metric.Registration // of tally's callback; nil if refused
 
 	flights  *flights // calls under way, for span events; nil without events
 	stop     func()   // ends the event subscription
 	stopOnce sync.Once
+
+	closeOnce sync.Once
 }
 
 func newCore(inner any, kind string, opts []Option) *core {
@@ -100,31 +110,42 @@ func newCore(inner any, kind string, opts []Option) *core {
 	if cfg.backend == "" {
 		cfg.backend = backendOf(inner)
 	}
+	meter := cfg.meters.Meter(Scope)
 	c := &core{
 		tracer:      cfg.tracers.Tracer(Scope),
-		ins:         newInstruments(cfg.meters.Meter(Scope)),
+		ins:         newInstruments(meter),
 		backendName: cfg.backend,
 		backend:     BackendKey.String(cfg.backend),
 		kind:        KindKey.String(kind),
 		hashNames:   cfg.hashNames,
 		metricNames: cfg.metricNames,
+		rootSpans:   cfg.rootSpans,
 	}
-	for op := range numOps {
-		for out := range numOutcomes {
-			c.callOpts[op][out] = metric.WithAttributeSet(attribute.NewSet(c.backend, c.kind,
-				OperationKey.String(opNames[op]), OutcomeKey.String(outcomeNames[out])))
-		}
+	c.startOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(c.backend, c.kind)}
+	c.tally = &tally{c: c}
+	if !c.metricNames {
+		c.tally.all = newCounts(c.backend, c.kind)
 	}
-	for cause := range numCauses {
-		c.endOpts[cause] = metric.WithAttributeSet(attribute.NewSet(c.backend, c.kind, CauseKey.String(causeNames[cause])))
-	}
-	c.heldOpt = metric.WithAttributeSet(attribute.NewSet(c.backend, c.kind))
+	reg, err := meter.RegisterCallback(c.tally.observe, c.ins.acquisitions, c.ins.ends, c.ins.held)
+	handle(err)
+	c.reg = reg
 	c.eventOpt = metric.WithAttributeSet(attribute.NewSet(c.backend))
 	if obs, ok := inner.(driver.Observable); ok && !cfg.noEvents {
 		c.flights = &flights{byName: make(map[string][]*flight)}
 		c.stop = obs.Observe(c.onEvent)
 	}
 	return c
+}
+
+// close ends the event subscription and unregisters the callback of the
+// observable counters, once.
+func (c *core) close() {
+	c.stopEvents()
+	c.closeOnce.Do(func() {
+		if c.reg != nil {
+			handle(c.reg.Unregister())
+		}
+	})
 }
 
 // stopEvents ends the event subscription, once.
@@ -173,27 +194,25 @@ func (c *core) nameAttr(name string) attribute.KeyValue {
 	return NameKey.String(name)
 }
 
-// heldMeasure returns the measurement option of latchkey.leases.held.
-func (c *core) heldMeasure(name attribute.KeyValue) metric.MeasurementOption {
-	if !c.metricNames {
-		return c.heldOpt
-	}
-	return metric.WithAttributes(c.backend, c.kind, name)
+// traces reports whether a call made with ctx gets a span: with
+// [WithRootSpans], or when ctx carries a valid span context, which the
+// call's span then continues.
+func (c *core) traces(ctx context.Context) bool {
+	return c.rootSpans || trace.SpanContextFromContext(ctx).IsValid()
 }
 
-// acquire runs one acquiring call of op on name under a span, and wraps
-// the lease it returns.
+// acquire runs one acquiring call of op on name, under a span if ctx is
+// traced, and wraps the lease it returns.
 func (c *core) acquire(ctx context.Context, op int, name string, call func(context.Context, string) (locks.Lease, error)) (locks.Lease, error) {
-	parent := trace.SpanFromContext(ctx)
 	start := time.Now()
-	nameKV := c.nameAttr(name)
-	ctx, span := c.tracer.Start(ctx, spanNames[op], trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(c.backend, c.kind, nameKV))
-	var fl *flight
-	if c.flights != nil && span.IsRecording() {
-		fl = c.flights.add(name, span)
+	callCtx, span, fl := ctx, trace.Span(nil), (*flight)(nil)
+	if c.traces(ctx) {
+		callCtx, span = c.tracer.Start(ctx, spanNames[op], c.startOpts...)
+		if c.flights != nil && span.IsRecording() {
+			fl = c.flights.add(name, span)
+		}
 	}
-	inner, err := call(ctx, name)
+	inner, err := call(callCtx, name)
 	if err == nil && inner == nil {
 		err = fmt.Errorf("lockotel: %s %s %q returned neither a lease nor an error", c.backendName, opNames[op], name)
 	}
@@ -205,13 +224,29 @@ func (c *core) acquire(ctx context.Context, op int, name string, call func(conte
 	out := acquireOutcome(ctx, inner, err)
 	var l *lease
 	if out == outAcquired {
-		l = c.newLease(inner, parent, nameKV, end)
+		l = c.newLease(ctx, inner, span != nil, end)
 	}
+	if span != nil {
+		c.endAcquireSpan(span, name, out, l, err)
+	}
+	n := c.tally.of(name)
+	c.ins.wait.Record(ctx, end.Sub(start).Seconds(), n.waitRec[op][out]...)
+	n.calls[op][out].Add(1)
+	if l == nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// endAcquireSpan sets the attributes known once an acquiring call on name
+// returned, with outcome out, lease l (nil unless acquired) and error err,
+// and ends its span.
+func (c *core) endAcquireSpan(span trace.Span, name string, out int, l *lease, err error) {
 	if span.IsRecording() {
 		if l != nil {
-			span.SetAttributes(TokenKey.Int64(int64(l.Token())), SlotKey.Int(l.slot), OutcomeKey.String(outcomeNames[out]))
+			span.SetAttributes(c.nameAttr(name), outcomeAttrs[out], TokenKey.Int64(int64(l.Token())), SlotKey.Int(l.slot))
 		} else {
-			span.SetAttributes(OutcomeKey.String(outcomeNames[out]))
+			span.SetAttributes(c.nameAttr(name), outcomeAttrs[out])
 		}
 	}
 	if out == outError {
@@ -219,18 +254,6 @@ func (c *core) acquire(ctx context.Context, op int, name string, call func(conte
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
-
-	opt := c.callOpts[op][out]
-	if c.metricNames {
-		opt = metric.WithAttributes(c.backend, c.kind, OperationKey.String(opNames[op]),
-			OutcomeKey.String(outcomeNames[out]), nameKV)
-	}
-	c.ins.wait.Record(ctx, end.Sub(start).Seconds(), opt)
-	c.ins.acquisitions.Add(ctx, 1, opt)
-	if l == nil {
-		return nil, err
-	}
-	return l, nil
 }
 
 // acquireOutcome classifies the result of an acquiring call made with ctx.

@@ -55,9 +55,9 @@ var (
 type instruments struct {
 	wait         metric.Float64Histogram
 	hold         metric.Float64Histogram
-	acquisitions metric.Int64Counter
-	ends         metric.Int64Counter
-	held         metric.Int64UpDownCounter
+	acquisitions metric.Int64ObservableCounter
+	ends         metric.Int64ObservableCounter
+	held         metric.Int64ObservableUpDownCounter
 
 	renewDuration  metric.Float64Histogram
 	renewFailures  metric.Int64Counter
@@ -70,7 +70,9 @@ type instruments struct {
 	resourceLocked metric.Int64Counter
 }
 
-// newInstruments makes the instruments on m. An instrument the provider
+// newInstruments makes the instruments on m. The counters of calls, ends
+// and held leases are observable: a wrapper counts in memory and reports
+// at each collection (see [tally]). An instrument the provider
 // refuses is reported to otel.Handle and records nothing.
 func newInstruments(m metric.Meter) *instruments {
 	ins := &instruments{}
@@ -89,10 +91,15 @@ func newInstruments(m metric.Meter) *instruments {
 		"How long Lock, TryLock, Acquire and TryAcquire calls took, by outcome.", waitBuckets)
 	ins.hold = hist("latchkey.lock.hold.duration",
 		"How long leases lived, from acquisition to their end, by cause.", holdBuckets)
-	ins.acquisitions = count("latchkey.lock.acquisitions", "{call}",
+	observed := func(name, unit, desc string) metric.Int64ObservableCounter {
+		c, err := m.Int64ObservableCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		handle(err)
+		return c
+	}
+	ins.acquisitions = observed("latchkey.lock.acquisitions", "{call}",
 		"Lock, TryLock, Acquire and TryAcquire calls, by outcome.")
-	ins.ends = count("latchkey.lease.ends", "{lease}", "Leases that ended, by cause.")
-	held, err := m.Int64UpDownCounter("latchkey.leases.held", metric.WithUnit("{lease}"),
+	ins.ends = observed("latchkey.lease.ends", "{lease}", "Leases that ended, by cause.")
+	held, err := m.Int64ObservableUpDownCounter("latchkey.leases.held", metric.WithUnit("{lease}"),
 		metric.WithDescription("Leases held now."))
 	handle(err)
 	ins.held = held

@@ -6,9 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/latchkey-go/latchkey/locks"
@@ -21,7 +19,6 @@ type lease struct {
 	c        *core
 	ctx      context.Context // inner's context, with the caller's span
 	slot     int
-	nameKV   attribute.KeyValue
 	acquired time.Time
 
 	endOnce sync.Once
@@ -30,33 +27,56 @@ type lease struct {
 
 var _ locks.SlotLease = (*lease)(nil)
 
-// newLease wraps inner, acquired at acquired by a call whose caller's span
-// was parent, counts it as held, and has its end recorded when its
-// context ends.
-func (c *core) newLease(inner locks.Lease, parent trace.Span, nameKV attribute.KeyValue, acquired time.Time) *lease {
+// newLease wraps inner, acquired at acquired by a call made with ctx
+// (under a span of the wrapper's if traced), counts it as held, and has
+// its end recorded when its context ends.
+func (c *core) newLease(ctx context.Context, inner locks.Lease, traced bool, acquired time.Time) *lease {
 	l := &lease{
 		inner:    inner,
 		c:        c,
 		ctx:      inner.Context(),
-		nameKV:   nameKV,
 		acquired: acquired,
 	}
 	// The backend made the lease's context from the call's, which
-	// carries the call's span; work under the lease belongs to the
-	// caller's span, as it would without the wrapper. A value context
-	// ends with its parent, at the same instant.
-	if !trace.SpanContextFromContext(l.ctx).Equal(parent.SpanContext()) {
-		l.ctx = trace.ContextWithSpan(l.ctx, parent)
+	// carries the wrapper's span if it started one; work under the lease
+	// belongs to the caller's span, as it would without the wrapper. A
+	// value context ends with its parent, at the same instant.
+	if traced {
+		if parent := trace.SpanFromContext(ctx); !trace.SpanContextFromContext(l.ctx).Equal(parent.SpanContext()) {
+			l.ctx = trace.ContextWithSpan(l.ctx, parent)
+		}
 	}
 	if sl, ok := inner.(locks.SlotLease); ok {
 		l.slot = sl.Slot()
 	}
-	c.ins.held.Add(l.ctx, 1, c.heldMeasure(nameKV))
-	// No goroutine waits for the end: AfterFunc starts one, briefly, when
-	// the context ends (unless Release records the end itself).
-	l.stop = context.AfterFunc(inner.Context(), func() { l.end(time.Now()) })
+	c.tally.of(inner.Name()).addHeld(1)
+	// No goroutine waits for the end: one starts, briefly, when the
+	// context ends (unless Release records the end itself).
+	l.stop = afterEnd(inner, l.endNow)
 	return l
 }
+
+// afterEnder is a lease that runs a function once it has ended, as
+// context.AfterFunc on its Context does, more cheaply: the leases of the
+// driver kit's backends are.
+type afterEnder interface {
+	AfterEnd(f func()) (stop func() bool)
+}
+
+// afterEnd runs f in its own goroutine once l has ended; stop is
+// context.AfterFunc's.
+func afterEnd(l locks.Lease, f func()) (stop func() bool) {
+	if a, ok := l.(afterEnder); ok {
+		return a.AfterEnd(f)
+	}
+	return context.AfterFunc(l.Context(), f)
+}
+
+// AfterEnd arranges for f to run in its own goroutine once the lease has
+// ended, as context.AfterFunc on its Context does; stop unregisters f and
+// reports whether it did so before f started. It lets wrappers stack at
+// no extra cost.
+func (l *lease) AfterEnd(f func()) (stop func() bool) { return afterEnd(l.inner, f) }
 
 // Name returns the name the lease was acquired on.
 func (l *lease) Name() string { return l.inner.Name() }
@@ -74,23 +94,24 @@ func (l *lease) Slot() int { return l.slot }
 // Unwrap returns the backend's lease.
 func (l *lease) Unwrap() locks.Lease { return l.inner }
 
-// Release releases the wrapped lease under a span; see [locks.Lease.Release].
+// Release releases the wrapped lease, under a span if ctx is traced; see
+// [locks.Lease.Release].
 func (l *lease) Release(ctx context.Context) error {
 	c := l.c
 	start := time.Now()
-	ctx, span := c.tracer.Start(ctx, releaseSpan, trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(c.backend, c.kind, l.nameKV,
-			TokenKey.Int64(int64(l.inner.Token())), SlotKey.Int(l.slot)))
 	name := l.inner.Name()
-	var fl *flight
-	if c.flights != nil && span.IsRecording() {
-		fl = c.flights.add(name, span)
+	callCtx, span, fl := ctx, trace.Span(nil), (*flight)(nil)
+	if c.traces(ctx) {
+		callCtx, span = c.tracer.Start(ctx, releaseSpan, c.startOpts...)
+		if c.flights != nil && span.IsRecording() {
+			fl = c.flights.add(name, span)
+		}
 	}
 	// Release records the end itself, so that it is in the metrics when
 	// Release returns, unless the lease had ended before: then the
 	// AfterFunc has started and end waits for it.
 	stopped := l.stop()
-	err := l.inner.Release(ctx)
+	err := l.inner.Release(callCtx)
 	if fl != nil {
 		c.flights.remove(name, fl)
 	}
@@ -100,11 +121,20 @@ func (l *lease) Release(ctx context.Context) error {
 	case stopped:
 		// Not ended by Release (a backend bug): record the end when it
 		// comes.
-		context.AfterFunc(l.inner.Context(), func() { l.end(time.Now()) })
+		afterEnd(l.inner, l.endNow)
 	}
-	out := releaseOutcome(ctx, err)
+	if span != nil {
+		l.endReleaseSpan(span, releaseOutcome(ctx, err), err)
+	}
+	return err
+}
+
+// endReleaseSpan sets the attributes of a Release's span, whose outcome
+// was out and error err, and ends it.
+func (l *lease) endReleaseSpan(span trace.Span, out string, err error) {
 	if span.IsRecording() {
-		span.SetAttributes(OutcomeKey.String(out))
+		span.SetAttributes(l.c.nameAttr(l.inner.Name()), OutcomeKey.String(out),
+			TokenKey.Int64(int64(l.inner.Token())), SlotKey.Int(l.slot))
 	}
 	switch out {
 	case OutcomeLost:
@@ -114,21 +144,20 @@ func (l *lease) Release(ctx context.Context) error {
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
-	return err
 }
+
+// endNow records the lease's end now, once.
+func (l *lease) endNow() { l.end(time.Now()) }
 
 // end records the lease's end at at, once.
 func (l *lease) end(at time.Time) {
 	l.endOnce.Do(func() {
 		c := l.c
 		cause := causeOf(context.Cause(l.inner.Context()))
-		opt := c.endOpts[cause]
-		if c.metricNames {
-			opt = metric.WithAttributes(c.backend, c.kind, CauseKey.String(causeNames[cause]), l.nameKV)
-		}
-		c.ins.hold.Record(l.ctx, at.Sub(l.acquired).Seconds(), opt)
-		c.ins.ends.Add(l.ctx, 1, opt)
-		c.ins.held.Add(l.ctx, -1, c.heldMeasure(l.nameKV))
+		n := c.tally.of(l.inner.Name())
+		c.ins.hold.Record(l.ctx, at.Sub(l.acquired).Seconds(), n.holdRec[cause]...)
+		n.ends[cause].Add(1)
+		n.addHeld(-1)
 	})
 }
 

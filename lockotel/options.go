@@ -17,6 +17,7 @@ type config struct {
 	hashNames   bool
 	metricNames bool
 	noEvents    bool
+	rootSpans   bool
 }
 
 // WithTracerProvider sets where the wrapper's spans go. The default is the
@@ -66,4 +67,14 @@ func WithMetricNames() Option {
 // Locker or Semaphore that implements [driver.Observable].
 func WithoutEvents() Option {
 	return func(c *config) { c.noEvents = true }
+}
+
+// WithRootSpans makes the wrapper start a span for every call, even one
+// whose context carries no span; such a span is the root of a trace of
+// its own. The default is to trace only calls made inside a trace (their
+// context carries a valid span context, local or remote), whose spans
+// join the caller's trace, as OpenTelemetry instrumentation of clients
+// usually does. Metrics and backend events are recorded either way.
+func WithRootSpans() Option {
+	return func(c *config) { c.rootSpans = true }
 }

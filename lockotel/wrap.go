@@ -23,21 +23,22 @@ var (
 )
 
 // WrapLocker returns a Locker that passes every call to l, which must not
-// be nil, and records it: a span per call, the metrics of the package
-// doc, and, if l implements [driver.Observable] (and no [WithoutEvents]
-// is given), the backend's events until [Locker.StopEvents].
+// be nil, and records it: a span per call made inside a trace (per call,
+// with [WithRootSpans]), the metrics of the package doc, and, if l
+// implements [driver.Observable] (and no [WithoutEvents] is given), the
+// backend's events until [Locker.StopEvents].
 func WrapLocker(l locks.Locker, opts ...Option) *Locker {
 	return &Locker{inner: l, c: newCore(l, "lock", opts)}
 }
 
-// Lock calls the wrapped Lock under a span "latchkey.lock"; see
-// [locks.Locker.Lock].
+// Lock calls the wrapped Lock under a span "latchkey.lock" if ctx
+// is traced; see [locks.Locker.Lock].
 func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	return l.c.acquire(ctx, opLock, name, l.inner.Lock)
 }
 
-// TryLock calls the wrapped TryLock under a span "latchkey.trylock"; see
-// [locks.Locker.TryLock].
+// TryLock calls the wrapped TryLock under a span "latchkey.trylock" if
+// ctx is traced; see [locks.Locker.TryLock].
 func (l *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
 	return l.c.acquire(ctx, opTryLock, name, l.inner.TryLock)
 }
@@ -51,6 +52,15 @@ func (l *Locker) Unwrap() locks.Locker { return l.inner }
 // wrapper that lives as long as its backend's client need not call it:
 // the subscription holds no goroutine.
 func (l *Locker) StopEvents() { l.c.stopEvents() }
+
+// Close ends the wrapper's subscription to the backend's events and
+// unregisters the callback through which it reports its counters
+// (acquisitions, lease ends, leases held), which then leave the metrics;
+// the histograms and spans are still recorded. It is idempotent and safe
+// for concurrent use. A wrapper that lives as long as its meter provider
+// need not call it; one made for a shorter time should, or the provider
+// keeps reporting (and holding) its counters.
+func (l *Locker) Close() { l.c.close() }
 
 // Observe implements [driver.Observable] by passing fn to the wrapped
 // Locker, so that wrappers stack; if that Locker reports no events, fn is
@@ -81,14 +91,14 @@ func WrapSemaphore(s locks.Semaphore, opts ...Option) *Semaphore {
 	return &Semaphore{inner: s, c: newCore(s, "semaphore", opts)}
 }
 
-// Acquire calls the wrapped Acquire under a span "latchkey.acquire"; see
-// [locks.Semaphore.Acquire].
+// Acquire calls the wrapped Acquire under a span "latchkey.acquire" if
+// ctx is traced; see [locks.Semaphore.Acquire].
 func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, error) {
 	return s.c.acquire(ctx, opAcquire, name, s.inner.Acquire)
 }
 
 // TryAcquire calls the wrapped TryAcquire under a span
-// "latchkey.tryacquire"; see [locks.Semaphore.TryAcquire].
+// "latchkey.tryacquire" if ctx is traced; see [locks.Semaphore.TryAcquire].
 func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, error) {
 	return s.c.acquire(ctx, opTryAcquire, name, s.inner.TryAcquire)
 }
@@ -99,6 +109,10 @@ func (s *Semaphore) Unwrap() locks.Semaphore { return s.inner }
 // StopEvents ends the wrapper's subscription to the backend's events; see
 // [Locker.StopEvents].
 func (s *Semaphore) StopEvents() { s.c.stopEvents() }
+
+// Close ends the wrapper's event subscription and unregisters its
+// counters' callback; see [Locker.Close].
+func (s *Semaphore) Close() { s.c.close() }
 
 // Observe implements [driver.Observable]; see [Locker.Observe].
 func (s *Semaphore) Observe(fn func(driver.Event)) (stop func()) { return observe(s.inner, fn) }

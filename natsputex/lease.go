@@ -36,6 +36,9 @@ func (h handle) Token() uint64                     { return h.l.Token() }
 func (h handle) Slot() int                         { return h.l.Slot() }
 func (h handle) Release(ctx context.Context) error { return h.l.Release(ctx) }
 
+// AfterEnd is [driver.Lease.AfterEnd], for wrappers such as lockotel.
+func (h handle) AfterEnd(f func()) (stop func() bool) { return h.l.AfterEnd(f) }
+
 // Deadline returns when the lease ends by itself unless a renewal lands
 // first: the start of its last successful write plus T minus the safety
 // margin.

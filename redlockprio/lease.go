@@ -120,6 +120,11 @@ func (e *Lease) HolderID() string { return e.cl.id }
 // expire after the TTL).
 func (e *Lease) Release(ctx context.Context) error { return e.l.Release(ctx) }
 
+// AfterEnd arranges for f to run in its own goroutine once the lease has
+// ended, as [driver.Lease.AfterEnd] does; wrappers such as lockotel use
+// it. stop unregisters f and reports whether it did so before f started.
+func (e *Lease) AfterEnd(f func()) (stop func() bool) { return e.l.AfterEnd(f) }
+
 // release deletes the lease's keys at the masters; it is the driver
 // lease's Release hook.
 func (cl *claim) release(ctx context.Context) error {

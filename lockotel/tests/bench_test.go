@@ -13,9 +13,10 @@ import (
 )
 
 // BenchmarkOverhead measures one uncontended Lock and Release on memlock:
-// plain; wrapped with the SDK installed (a tracer provider that samples
-// and records every span but exports none, and a meter provider with a
-// ManualReader, never collected); and wrapped with the global no-op
+// plain; wrapped with the SDK installed (a tracer provider that would
+// record spans but exports none, and a meter provider with a
+// ManualReader, never collected), called outside any trace so that the
+// wrapper starts no span (its default); and wrapped with the global no-op
 // providers. memlock does no I/O, so the difference is the wrapper's cost
 // in absolute terms; lockbench sets it against a broker's round trips.
 // Besides ns/op it reports cpu-ns/op, the process's CPU time (all its

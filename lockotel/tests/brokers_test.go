@@ -26,7 +26,7 @@ func testContext(t testing.TB) context.Context {
 // the spans and metrics of the three calls and of the lease's end.
 func checkRoundTrip(t *testing.T, tl *telemetry, backendName string, a, b locks.Locker) {
 	t.Helper()
-	ctx := testContext(t)
+	ctx := tl.traced(testContext(t))
 	la := lockotel.WrapLocker(a, tl.opts()...)
 	lb := lockotel.WrapLocker(b, tl.opts()...)
 	defer la.StopEvents()
@@ -81,7 +81,7 @@ func checkRoundTrip(t *testing.T, tl *telemetry, backendName string, a, b locks.
 // Release reports the loss on its span.
 func checkLost(t *testing.T, tl *telemetry, nm string, acquire func(context.Context, string) (locks.Lease, error), revoke func()) {
 	t.Helper()
-	ctx := testContext(t)
+	ctx := tl.traced(testContext(t))
 	lease, err := acquire(ctx, nm)
 	if err != nil {
 		t.Fatal(err)
@@ -151,11 +151,11 @@ func TestNATS(t *testing.T) {
 		l := lockotel.WrapLocker(inner, tl.opts()...)
 		defer l.StopEvents()
 		nm := unique("takeover")
-		if _, err := crashed.Lock(testContext(t), nm); err != nil {
+		if _, err := crashed.Lock(tl.traced(testContext(t)), nm); err != nil {
 			t.Fatal(err)
 		}
 		kill()
-		lease, err := l.Lock(testContext(t), nm)
+		lease, err := l.Lock(tl.traced(testContext(t)), nm)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,11 +209,11 @@ func TestRedis(t *testing.T) {
 		defer low.StopEvents()
 		defer high.StopEvents()
 		nm := unique("preempted")
-		victim, err := low.Lock(testContext(t), nm)
+		victim, err := low.Lock(tl.traced(testContext(t)), nm)
 		if err != nil {
 			t.Fatal(err)
 		}
-		thief, err := high.Lock(testContext(t), nm)
+		thief, err := high.Lock(tl.traced(testContext(t)), nm)
 		if err != nil {
 			t.Fatal(err)
 		}

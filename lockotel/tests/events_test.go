@@ -130,11 +130,11 @@ func TestEventsOnSpans(t *testing.T) {
 	}
 	l := lockotel.WrapLocker(fake, tl.opts(lockotel.WithMetricNames())...)
 	defer l.StopEvents()
-	lease, err := l.Lock(context.Background(), "spans")
+	lease, err := l.Lock(tl.ctx, "spans")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = lease.Release(context.Background())
+	_ = lease.Release(tl.ctx)
 	// An event on the name after the call is on no span.
 	fake.events.Emit(driver.Event{Kind: driver.EventTheft, Name: "spans"})
 

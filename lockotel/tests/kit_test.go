@@ -92,7 +92,7 @@ func TestKitEvents(t *testing.T) {
 	k := newKitLocker(t)
 	l := lockotel.WrapLocker(k, tl.opts()...)
 	defer l.StopEvents()
-	ctx := context.Background()
+	ctx := tl.ctx
 
 	lost, err := l.Lock(ctx, "a")
 	if err != nil {

@@ -35,7 +35,7 @@ func TestLockerSpansAndMetrics(t *testing.T) {
 	store := memlock.New()
 	a := lockotel.WrapLocker(memClient(t, store).Locker(), tl.opts()...)
 	b := lockotel.WrapLocker(memClient(t, store).Locker(), tl.opts()...)
-	ctx, parent := tl.tp.Tracer("test").Start(context.Background(), "caller")
+	ctx, parent := tl.tp.Tracer("test").Start(tl.ctx, "caller")
 
 	lease, err := a.Lock(ctx, "jobs")
 	if err != nil {
@@ -117,11 +117,11 @@ func TestLockerSpansAndMetrics(t *testing.T) {
 func TestCanceledAndError(t *testing.T) {
 	tl := newTelemetry(t)
 	store := memlock.New()
-	holder, _ := memClient(t, store).Locker().Lock(context.Background(), "busy")
-	defer holder.Release(context.Background())
+	holder, _ := memClient(t, store).Locker().Lock(tl.ctx, "busy")
+	defer holder.Release(tl.ctx)
 	l := lockotel.WrapLocker(memClient(t, store).Locker(), tl.opts()...)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(tl.ctx, 50*time.Millisecond)
 	defer cancel()
 	if _, err := l.Lock(ctx, "busy"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Lock past its deadline: %v", err)
@@ -131,7 +131,7 @@ func TestCanceledAndError(t *testing.T) {
 		t.Errorf("canceled acquisitions = %d, want 1", got)
 	}
 
-	if _, err := l.TryLock(context.Background(), ""); !errors.Is(err, locks.ErrInvalidName) {
+	if _, err := l.TryLock(tl.ctx, ""); !errors.Is(err, locks.ErrInvalidName) {
 		t.Fatalf("TryLock(\"\"): %v, want ErrInvalidName", err)
 	}
 	span := tl.lastSpan(t, "latchkey.trylock")
@@ -153,7 +153,7 @@ func TestLostLease(t *testing.T) {
 	tl := newTelemetry(t)
 	store := memlock.New()
 	l := lockotel.WrapLocker(memClient(t, store).Locker(), tl.opts()...)
-	lease, err := l.Lock(context.Background(), "revoked")
+	lease, err := l.Lock(tl.ctx, "revoked")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestLostLease(t *testing.T) {
 	if n, _ := tl.hist(t, "latchkey.lock.hold.duration", cause("lost")); n != 1 {
 		t.Errorf("hold durations with cause lost = %d, want 1", n)
 	}
-	if err := lease.Release(context.Background()); !errors.Is(err, locks.ErrLost) {
+	if err := lease.Release(tl.ctx); !errors.Is(err, locks.ErrLost) {
 		t.Fatalf("Release of a lost lease: %v, want ErrLost", err)
 	}
 	rel := tl.lastSpan(t, "latchkey.release")
@@ -189,15 +189,15 @@ func TestPreemptedLease(t *testing.T) {
 	store := memlock.New()
 	low := lockotel.WrapLocker(memClient(t, store).Locker(), tl.opts()...)
 	high := lockotel.WrapLocker(memClient(t, store, memlock.WithPriority(1)).Locker(), tl.opts()...)
-	victim, err := low.Lock(context.Background(), "contested")
+	victim, err := low.Lock(tl.ctx, "contested")
 	if err != nil {
 		t.Fatal(err)
 	}
-	thief, err := high.Lock(context.Background(), "contested")
+	thief, err := high.Lock(tl.ctx, "contested")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer thief.Release(context.Background())
+	defer thief.Release(tl.ctx)
 	<-victim.Context().Done()
 	if !errors.Is(context.Cause(victim.Context()), locks.ErrPreempted) {
 		t.Fatalf("victim's cause: %v", context.Cause(victim.Context()))
@@ -218,10 +218,10 @@ func TestClosedCause(t *testing.T) {
 	tl := newTelemetry(t)
 	c := memClient(t, memlock.New())
 	l := lockotel.WrapLocker(c.Locker(), tl.opts()...)
-	if _, err := l.Lock(context.Background(), "a"); err != nil {
+	if _, err := l.Lock(tl.ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	_ = c.Close(context.Background())
+	_ = c.Close(tl.ctx)
 	eventually(t, 5*time.Second, "lease end with cause closed not recorded", func() bool {
 		return tl.sum(t, "latchkey.lease.ends", cause("closed")) == 1
 	})
@@ -236,7 +236,7 @@ func TestSemaphore(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := lockotel.WrapSemaphore(sem, tl.opts()...)
-	ctx := context.Background()
+	ctx := tl.ctx
 	a, err := s.Acquire(ctx, "pool")
 	if err != nil {
 		t.Fatal(err)
@@ -273,11 +273,11 @@ func TestHashedNames(t *testing.T) {
 	tl := newTelemetry(t)
 	l := lockotel.WrapLocker(memClient(t, memlock.New()).Locker(),
 		tl.opts(lockotel.WithHashedNames(), lockotel.WithMetricNames())...)
-	lease, err := l.Lock(context.Background(), "customer-4711")
+	lease, err := l.Lock(tl.ctx, "customer-4711")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = lease.Release(context.Background())
+	_ = lease.Release(tl.ctx)
 	hash := lockotel.HashName("customer-4711")
 	if len(hash) != 16 || hash == lockotel.HashName("customer-4712") {
 		t.Fatalf("HashName gives %q", hash)
@@ -309,14 +309,14 @@ func TestMetricNamesAndBackend(t *testing.T) {
 	tl := newTelemetry(t)
 	l := lockotel.WrapLocker(memClient(t, memlock.New()).Locker(),
 		tl.opts(lockotel.WithMetricNames(), lockotel.WithBackend("custom"))...)
-	lease, err := l.Lock(context.Background(), "reports")
+	lease, err := l.Lock(tl.ctx, "reports")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := tl.sum(t, "latchkey.leases.held", name("reports"), backend("custom")); got != 1 {
 		t.Errorf("held with name and backend = %d, want 1", got)
 	}
-	_ = lease.Release(context.Background())
+	_ = lease.Release(tl.ctx)
 	if got := tl.sum(t, "latchkey.lock.acquisitions", name("reports"), backend("custom")); got != 1 {
 		t.Errorf("acquisitions with name and backend = %d, want 1", got)
 	}
@@ -331,12 +331,12 @@ func TestMetricNamesAndBackend(t *testing.T) {
 func TestReleaseIdempotent(t *testing.T) {
 	tl := newTelemetry(t)
 	l := lockotel.WrapLocker(memClient(t, memlock.New()).Locker(), tl.opts()...)
-	lease, err := l.Lock(context.Background(), "twice")
+	lease, err := l.Lock(tl.ctx, "twice")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		if err := lease.Release(context.Background()); err != nil {
+		if err := lease.Release(tl.ctx); err != nil {
 			t.Fatalf("Release #%d: %v", i+1, err)
 		}
 	}
@@ -359,7 +359,7 @@ func TestNoGoroutinePerLease(t *testing.T) {
 	hold := func(l locks.Locker) int {
 		var leases []locks.Lease
 		for i := range n {
-			lease, err := l.Lock(context.Background(), "g"+string(rune('a'+i%26))+string(rune('a'+i/26)))
+			lease, err := l.Lock(tl.ctx, "g"+string(rune('a'+i%26))+string(rune('a'+i/26)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -367,7 +367,7 @@ func TestNoGoroutinePerLease(t *testing.T) {
 		}
 		g := runtime.NumGoroutine()
 		for _, lease := range leases {
-			_ = lease.Release(context.Background())
+			_ = lease.Release(tl.ctx)
 		}
 		return g
 	}
@@ -387,13 +387,13 @@ func TestNoGoroutinePerLease(t *testing.T) {
 func TestConcurrentRelease(t *testing.T) {
 	tl := newTelemetry(t)
 	l := lockotel.WrapLocker(memClient(t, memlock.New()).Locker(), tl.opts()...)
-	lease, err := l.Lock(context.Background(), "concurrent")
+	lease, err := l.Lock(tl.ctx, "concurrent")
 	if err != nil {
 		t.Fatal(err)
 	}
 	errs := make(chan error, 8)
 	for range 8 {
-		go func() { errs <- lease.Release(context.Background()) }()
+		go func() { errs <- lease.Release(tl.ctx) }()
 	}
 	for range 8 {
 		if err := <-errs; err != nil {
@@ -420,7 +420,7 @@ func (nothingLocker) TryLock(context.Context, string) (locks.Lease, error) { ret
 func TestNeitherLeaseNorError(t *testing.T) {
 	tl := newTelemetry(t)
 	l := lockotel.WrapLocker(nothingLocker{}, tl.opts()...)
-	lease, err := l.TryLock(context.Background(), "x")
+	lease, err := l.TryLock(tl.ctx, "x")
 	if lease != nil || err == nil {
 		t.Fatalf("TryLock = %v, %v; want nil and an error", lease, err)
 	}
@@ -440,7 +440,7 @@ func TestNoGoroutineOutlivesLeases(t *testing.T) {
 	l := lockotel.WrapLocker(c.Locker(), tl.opts()...)
 	var leases []locks.Lease
 	for i := range 30 {
-		lease, err := l.Lock(context.Background(), fmt.Sprintf("leak-%d", i))
+		lease, err := l.Lock(tl.ctx, fmt.Sprintf("leak-%d", i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -449,12 +449,12 @@ func TestNoGoroutineOutlivesLeases(t *testing.T) {
 	for i, lease := range leases {
 		switch i % 3 {
 		case 0:
-			_ = lease.Release(context.Background())
+			_ = lease.Release(tl.ctx)
 		case 1:
 			store.Revoke(lease.Name())
 		}
 	}
-	_ = c.Close(context.Background()) // ends the third third
+	_ = c.Close(tl.ctx) // ends the third third
 	eventually(t, within, "not every end recorded", func() bool { return tl.sum(t, "latchkey.lease.ends") == 30 })
 	goleak.VerifyNone(t, ignore)
 }

@@ -22,17 +22,26 @@ type telemetry struct {
 	reader *sdkmetric.ManualReader
 	tp     *sdktrace.TracerProvider
 	mp     *sdkmetric.MeterProvider
+	ctx    context.Context // inside a trace: a caller's span, never ended
 }
 
 func newTelemetry(t testing.TB) *telemetry {
 	tl := &telemetry{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
 	tl.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tl.spans))
 	tl.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(tl.reader))
+	tl.ctx = tl.traced(context.Background())
 	t.Cleanup(func() {
 		_ = tl.tp.Shutdown(context.Background())
 		_ = tl.mp.Shutdown(context.Background())
 	})
 	return tl
+}
+
+// traced returns ctx with a new caller's span of tl's, so that the
+// wrapper's calls made with it are traced (their spans its children).
+func (tl *telemetry) traced(ctx context.Context) context.Context {
+	ctx, _ = tl.tp.Tracer("test").Start(ctx, "caller")
+	return ctx
 }
 
 // opts are the wrapper options that send to tl, then more.

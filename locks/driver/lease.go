@@ -54,6 +54,8 @@ type Lease struct {
 
 	releaseOnce sync.Once
 	releaseErr  error
+
+	afterEnd []*func() // see AfterEnd; under mu, nil once ended
 }
 
 var _ locks.SlotLease = (*Lease)(nil)
@@ -168,7 +170,39 @@ func (l *Lease) endLocked(cause error) bool {
 	if l.timer != nil {
 		l.timer.Stop()
 	}
+	for _, f := range l.afterEnd {
+		go (*f)()
+	}
+	l.afterEnd = nil
 	return true
+}
+
+// AfterEnd arranges for f to run in its own goroutine once the lease has
+// ended (at once if it has), as context.AfterFunc(l.Context(), f) does,
+// at a fraction of its cost; code that wraps leases to record their end
+// (lockotel) uses it. Calling stop unregisters f; stop reports whether it
+// did so before f was started.
+func (l *Lease) AfterEnd(f func()) (stop func() bool) {
+	p := &f
+	l.mu.Lock()
+	if l.ctx.Err() != nil {
+		l.mu.Unlock()
+		go f()
+		return func() bool { return false }
+	}
+	l.afterEnd = append(l.afterEnd, p)
+	l.mu.Unlock()
+	return func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for i, q := range l.afterEnd {
+			if q == p {
+				l.afterEnd = append(l.afterEnd[:i], l.afterEnd[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // Live reports whether the lease has not ended yet, its deadline
@@ -246,3 +280,6 @@ func (h handle) Context() context.Context          { return h.l.Context() }
 func (h handle) Token() uint64                     { return h.l.Token() }
 func (h handle) Slot() int                         { return h.l.Slot() }
 func (h handle) Release(ctx context.Context) error { return h.l.Release(ctx) }
+
+// AfterEnd is [Lease.AfterEnd].
+func (h handle) AfterEnd(f func()) (stop func() bool) { return h.l.AfterEnd(f) }
