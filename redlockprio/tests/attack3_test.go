@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 	"github.com/latchkey-go/latchkey/redlockprio"
 )
 
@@ -26,7 +28,11 @@ func atk3Leaks(t *testing.T, ignore goleak.Option) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		err := goleak.Find(ignore, goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"))
+		err := goleak.Find(ignore,
+			goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
+			// a master restarted by the test: testenv's process goroutines
+			goleak.IgnoreAnyFunction("github.com/latchkey-go/latchkey/contracttest/testenv.(*redisProc).start.func1"),
+			goleak.IgnoreAnyFunction("os/exec.(*Cmd).Start.func2"))
 		if err == nil {
 			return
 		}
@@ -187,4 +193,296 @@ func TestAttack3VictimClientClosesDuringTheft(t *testing.T) {
 			}
 		})
 	}
+}
+
+// atk3Watch records, for a lease, when its context ended and the
+// validity deadline it had then.
+type atk3Watch struct {
+	mu       sync.Mutex
+	ended    time.Time
+	deadline time.Time
+	cause    error
+}
+
+func watchLease(l locks.Lease) *atk3Watch {
+	w := &atk3Watch{}
+	go func() {
+		<-l.Context().Done()
+		now := time.Now()
+		w.mu.Lock()
+		w.ended, w.deadline, w.cause = now, l.(*redlockprio.Lease).Deadline(), context.Cause(l.Context())
+		w.mu.Unlock()
+	}()
+	return w
+}
+
+func (w *atk3Watch) get() (ended, deadline time.Time, cause error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ended, w.deadline, w.cause
+}
+
+// TestAttack3BatchRenewalMinorityFaults: one Client (TTL 600ms) holds 60
+// Locker leases and 4 Semaphore(3) leases, renewed in one batch. Phase 1:
+// master 0 is paused (SIGSTOP) for 250ms (well under the TTL, so that its keys
+// do not expire meanwhile: with 400ms, 14 of 60 keys expired there, and
+// a lease whose key a master lost stays on a bare quorum for its life,
+// the documented limit); phase 2: master 1 is restarted empty,
+// then 1s passes. Docs: "a paused or hung minority costs a step
+// nothing when the live masters agree"; the keys stand on a quorum, so no
+// lease may end, and another Client's TryLock must find each name held.
+// Phase 3: masters 0 and 2 are paused: every lease must end with ErrLost
+// before its validity deadline ("the lease ends with ErrLost before its
+// validity runs out"). Then the masters resume and the Client closes
+// within 3s; goleak.
+func TestAttack3BatchRenewalMinorityFaults(t *testing.T) {
+	servers := testenv.StartRedis(t, 3)
+	addrs := addrsOf(servers)
+	ignore := goleak.IgnoreCurrent()
+	a := atk3Client(t, addrs, atkOpts(600*time.Millisecond, 0.01, 0)...)
+	b := atk3Client(t, addrs, atkOpts(600*time.Millisecond, 0.01, 0)...)
+	rounds := make(chan time.Duration, 1000)
+	stop := a.l.Observe(func(e driver.Event) {
+		if e.Kind == driver.EventRenewRound {
+			select {
+			case rounds <- e.Duration:
+			default:
+			}
+		}
+	})
+	defer stop()
+	sem, err := a.c.Semaphore(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t, 25*time.Second)
+	var leases []locks.Lease
+	var names []string
+	for i := range 60 {
+		name := fmt.Sprintf("%s-%d", uniqueName(t), i)
+		l, err := a.l.TryLock(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := l.(*redlockprio.Lease).Slot(); s != 0 {
+			t.Errorf("a Locker's lease has Slot %d, want 0", s)
+		}
+		leases, names = append(leases, l), append(names, name)
+	}
+	for i := range 4 {
+		l, err := sem.TryAcquire(ctx, fmt.Sprintf("%s-sem-%d", uniqueName(t), i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := l.(*redlockprio.Lease).Slot(); s < 1 || s > 3 {
+			t.Errorf("a Semaphore(3)'s lease has Slot %d", s)
+		}
+		leases = append(leases, l)
+	}
+	watches := make([]*atk3Watch, len(leases))
+	for i, l := range leases {
+		watches[i] = watchLease(l)
+	}
+	live := func(phase string) {
+		dead := 0
+		for i, l := range leases {
+			if l.Context().Err() != nil {
+				dead++
+				if dead <= 3 {
+					_, _, cause := watches[i].get()
+					t.Errorf("%s: lease %d (%s) ended: %v", phase, i, l.Name(), cause)
+				}
+			}
+		}
+		t.Logf("%s: %d of %d leases live", phase, len(leases)-dead, len(leases))
+	}
+	probe := func(phase string) {
+		for _, name := range names[:10] {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			l, err := b.l.TryLock(pctx, name)
+			cancel()
+			if err == nil {
+				t.Errorf("%s: another Client got %s (its holder's lease live at the grant: %v)", phase, name, leases[slicesIndex(names, name)].Context().Err() == nil)
+				_ = l.Release(context.Background())
+			} else if !errors.Is(err, locks.ErrNotAcquired) {
+				t.Logf("%s: probe TryLock: %v", phase, err)
+			}
+		}
+	}
+
+	if err := servers[0].Pause(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(250 * time.Millisecond)
+	live("master 0 paused 250ms")
+	probe("master 0 paused")
+	if err := servers[0].Resume(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // a renewal round reaches master 0 again
+	if got := len(namesOn(t, addrs[0], names)); got != len(names) {
+		t.Errorf("after the pause, master 0 holds the keys of %d of %d names", got, len(names))
+	}
+	if err := servers[1].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	live("master 1 restarted empty, 1s")
+	probe("master 1 restarted")
+
+	_ = servers[0].Pause()
+	_ = servers[2].Pause()
+	pausedAt := time.Now()
+	time.Sleep(1500 * time.Millisecond)
+	late, alive := 0, 0
+	var latest time.Duration
+	for i, l := range leases {
+		if l.Context().Err() == nil {
+			alive++
+			continue
+		}
+		ended, deadline, cause := watches[i].get()
+		if ended.IsZero() {
+			time.Sleep(10 * time.Millisecond)
+			ended, deadline, cause = watches[i].get()
+		}
+		if !errors.Is(cause, locks.ErrLost) {
+			t.Errorf("lease %d ended with %v, want ErrLost", i, cause)
+		}
+		latest = max(latest, ended.Sub(pausedAt))
+		if ended.After(deadline) {
+			late++
+			if late <= 3 {
+				t.Errorf("lease %d's context ended %v after its validity deadline", i, ended.Sub(deadline))
+			}
+		}
+	}
+	t.Logf("quorum paused: %d leases still live after 1.5s, %d ended late; last end %v after the pause", alive, late, latest)
+	if alive > 0 {
+		t.Errorf("%d leases outlived a paused majority by 1.5s (TTL 600ms)", alive)
+	}
+	_ = servers[0].Resume()
+	_ = servers[2].Resume()
+	var worst time.Duration
+	n := len(rounds)
+	for range n {
+		worst = max(worst, <-rounds)
+	}
+	t.Logf("%d renewal rounds, longest %v", n, worst)
+	cctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	begun := time.Now()
+	if err := a.c.Close(cctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	t.Logf("Close took %v", time.Since(begun))
+	_ = b.c.Close(cctx)
+	stop()
+	atk3Leaks(t, ignore)
+}
+
+// TestAttack3CloseDuringAckWait: V (TTL 2s, priority 0, default
+// acknowledgement) holds a name and its code keeps writing until its
+// validity ends (it never calls Release in time). T (priority 1, TTL
+// 600ms) steals and waits for V; 200ms in, T's Client is closed with a
+// 20ms context. Docs: T's Lock returns an error matching ErrClosed, Close
+// returns by ctx's end (we allow 200ms), and "A theft still waiting for
+// its victims [...] leaves its keys at the masters to expire after the
+// TTL (a victim may still run until then)". Then W (priority 0, or 2 in
+// variant "W steals") Locks: it must not be granted before V's last
+// write. Tokens must increase; goleak on T's Client.
+func TestAttack3CloseDuringAckWait(t *testing.T) {
+	for _, prioW := range []int{0, 2} {
+		t.Run(fmt.Sprintf("W priority %d", prioW), func(t *testing.T) {
+			addrs := addrsOf(testenv.StartRedis(t, 3))
+			clk := newAtkClock()
+			v := atk3Client(t, addrs, atkOpts(2*time.Second, 0.01, 0)...)
+			w := atk3Client(t, addrs, atkOpts(600*time.Millisecond, 0.01, prioW)...)
+			warm(t, v.l)
+			warm(t, w.l)
+			ignore := goleak.IgnoreCurrent()
+			th := atk3Client(t, addrs, atkOpts(600*time.Millisecond, 0.01, 1)...)
+			warm(t, th.l)
+			name := uniqueName(t)
+			ctx := ctxFor(t, 20*time.Second)
+			vl, err := v.l.TryLock(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sv := clk.begin("V", vl)
+			vdone := make(chan struct{})
+			go func() {
+				defer close(vdone)
+				clk.workIgnoringContext(sv, vl, nil)
+				clk.end(sv, vl)
+			}()
+			res := make(chan error, 1)
+			go func() {
+				l, err := th.l.Lock(ctx, name)
+				if err == nil {
+					s := clk.begin("T", l)
+					clk.write(s, clk.now())
+					clk.end(s, l)
+					_ = l.Release(context.Background())
+					err = errors.New("got the name")
+				}
+				res <- err
+			}()
+			<-vl.Context().Done()
+			time.Sleep(200 * time.Millisecond)
+			cctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			begun := time.Now()
+			cerr := th.c.Close(cctx)
+			took := time.Since(begun)
+			cancel()
+			var lerr error
+			select {
+			case lerr = <-res:
+			case <-time.After(time.Second):
+				t.Fatal("T's Lock did not return within 1s of its Client's Close")
+			}
+			lockTook := time.Since(begun)
+			t.Logf("T's Close took %v (%v); T's Lock returned %v after: %v", took, cerr, lockTook, lerr)
+			if took > 200*time.Millisecond {
+				t.Errorf("Close with a 20ms context took %v", took)
+			}
+			if !errors.Is(lerr, locks.ErrClosed) {
+				t.Errorf("T's Lock = %v, want an error matching ErrClosed", lerr)
+			}
+			wl, err := w.l.Lock(ctx, name)
+			if err != nil {
+				t.Fatalf("W's Lock: %v", err)
+			}
+			sw := clk.begin("W", wl)
+			clk.write(sw, clk.now())
+			clk.end(sw, wl)
+			_ = wl.Release(context.Background())
+			<-vdone
+			if clk.check(t) > 0 {
+				clk.dump(t)
+			}
+			atk3Leaks(t, ignore)
+		})
+	}
+}
+
+func slicesIndex(names []string, name string) int {
+	for i, n := range names {
+		if n == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// namesOn returns the names whose lock key exists on the master at addr.
+func namesOn(t testing.TB, addr string, names []string) []string {
+	t.Helper()
+	var out []string
+	for _, n := range names {
+		if keyExists(t, addr, "latchkey:{"+n+"}:1") {
+			out = append(out, n)
+		}
+	}
+	return out
 }
