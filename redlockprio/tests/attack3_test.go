@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -485,4 +486,212 @@ func namesOn(t testing.TB, addr string, names []string) []string {
 		}
 	}
 	return out
+}
+
+// TestAttack3LockerAndSemaphoreOnOneName: a Locker (Client A) and
+// Semaphores of other Clients share one name on 3 masters. The docs say
+// a Locker's lease has Slot 0, a Semaphore's 1 to size, "Semaphores of
+// different sizes may share a name: each counts only its first size
+// slots", and tokens are "strictly greater for every later holder of the
+// name" (one counter per name). Checked: slots; tokens increase in grant
+// order across the Locker and the Semaphores; a Semaphore(1) is refused
+// while the Locker holds; then a Semaphore(2) of priority 1 (Client D)
+// takes a slot while both are held, and whoever it displaced must have
+// let go first: A's code writes until it calls Release, 300ms after its
+// context ended; B's likewise. Logged: whether the Locker's holder and a
+// Semaphore's hold the name at once (the docs do not say).
+func TestAttack3LockerAndSemaphoreOnOneName(t *testing.T) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	clk := newAtkClock()
+	a := atk3Client(t, addrs, atkOpts(2*time.Second, 0.01, 0)...)
+	b := atk3Client(t, addrs, atkOpts(600*time.Millisecond, 0.01, 0)...)
+	c := atk3Client(t, addrs, atkOpts(600*time.Millisecond, 0.01, 0)...)
+	d := atk3Client(t, addrs, atkOpts(600*time.Millisecond, 0.01, 1)...)
+	name := uniqueName(t)
+	ctx := ctxFor(t, 20*time.Second)
+	la, err := a.l.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := la.(*redlockprio.Lease).Slot(); s != 0 {
+		t.Errorf("Locker's lease: Slot %d, want 0", s)
+	}
+	holders := map[string]locks.Lease{"A (Locker)": la}
+	semB, _ := b.c.Semaphore(2)
+	lb, err := semB.TryAcquire(ctx, name)
+	if err == nil {
+		holders["B (Semaphore(2))"] = lb
+		t.Logf("B's Semaphore(2) got slot %d while A's Locker holds the name: a Locker counts as slot 1 of a Semaphore (undocumented)", lb.(*redlockprio.Lease).Slot())
+		if lb.Token() <= la.Token() {
+			t.Errorf("B's token %d is not above A's %d", lb.Token(), la.Token())
+		}
+	} else {
+		t.Logf("B's Semaphore(2) refused while A's Locker holds: %v", err)
+	}
+	semC, _ := c.c.Semaphore(1)
+	if lc, err := semC.TryAcquire(ctx, name); err == nil {
+		t.Errorf("C's Semaphore(1) got slot %d while A's Locker holds the name", lc.(*redlockprio.Lease).Slot())
+		_ = lc.Release(context.Background())
+	} else if !errors.Is(err, locks.ErrNotAcquired) {
+		t.Errorf("C's Semaphore(1): %v", err)
+	}
+	var wg sync.WaitGroup
+	for who, l := range holders {
+		s := clk.begin(who, l)
+		wg.Go(func() {
+			stop := make(chan struct{})
+			go func() {
+				<-l.Context().Done()
+				time.Sleep(300 * time.Millisecond)
+				close(stop)
+			}()
+			clk.workIgnoringContext(s, l, stop)
+			clk.end(s, l)
+			_ = l.Release(context.Background())
+		})
+	}
+	semD, _ := d.c.Semaphore(2)
+	ld, err := semD.Acquire(ctx, name)
+	if err != nil {
+		t.Fatalf("D's Acquire: %v", err)
+	}
+	sd := clk.begin("D (Semaphore(2), priority 1)", ld)
+	clk.write(sd, clk.now())
+	clk.end(sd, ld)
+	displaced := map[string]bool{}
+	for who, l := range holders {
+		if errors.Is(context.Cause(l.Context()), locks.ErrPreempted) {
+			displaced[who] = true
+			t.Logf("%s (slot %d) was displaced: %v", who, l.(*redlockprio.Lease).Slot(), context.Cause(l.Context()))
+		}
+	}
+	if len(displaced) == 0 {
+		t.Errorf("D got a slot of a full Semaphore(2) without displacing anyone")
+	}
+	_ = ld.Release(context.Background())
+	for who, l := range holders {
+		if !displaced[who] {
+			_ = l.Release(context.Background())
+		}
+	}
+	wg.Wait()
+	// The holder D displaced must have let go before D's grant.
+	for _, s := range clk.secs {
+		if x := clk.snap(s); displaced[x.who] && x.lastWrite > sd.granted {
+			t.Errorf("OVERLAP: %s wrote %v after D was granted", x.who, ms(x.lastWrite-sd.granted))
+		}
+	}
+	if ld.Token() <= la.Token() || (lb != nil && ld.Token() <= lb.Token()) {
+		t.Errorf("D's token %d is not above the earlier holders'", ld.Token())
+	}
+	clk.dump(t)
+}
+
+// atk3Mixed is one contender of TestAttack3MixedClientsChaos.
+type atk3Mixed struct {
+	who       string
+	ttl       time.Duration
+	drift     float64
+	prio      int
+	callTO    time.Duration // 0: the default
+	immediate bool
+}
+
+// TestAttack3MixedClientsChaos: five Lockers on one name and 3 masters,
+// each through its own proxies, with different TTLs (300ms to 1.5s),
+// drift factors (0 to 0.1), priorities (0 to 3), call timeouts and
+// acknowledgement modes, loop Lock → work → Release for 8s. Holders with
+// WithImmediateAck stop writing when their context ends; the others write
+// until they Release (or their validity ends), as the docs allow. Every
+// ~500ms a fault: a master paused for 150ms, one client's replies from a
+// master delayed by 80ms for 300ms, or dropped for 300ms. Checked: no
+// write after a later holder's grant (one monotonic clock), tokens
+// strictly increasing in grant order, no context ending after its
+// validity deadline. Logged: grants per contender.
+func TestAttack3MixedClientsChaos(t *testing.T) {
+	servers := testenv.StartRedis(t, 3)
+	addrs := addrsOf(servers)
+	clk := newAtkClock()
+	cfg := []atk3Mixed{
+		{"p0-600ms", 600 * time.Millisecond, 0.01, 0, 0, false},
+		{"p1-1.5s-imm", 1500 * time.Millisecond, 0.05, 1, 0, true},
+		{"p2-400ms-cto50", 400 * time.Millisecond, 0.1, 2, 50 * time.Millisecond, false},
+		{"p0-800ms-imm", 800 * time.Millisecond, 0, 0, 0, true},
+		{"p3-300ms", 300 * time.Millisecond, 0.01, 3, 0, false},
+	}
+	name := uniqueName(t)
+	var lockers []*atk2Locker
+	for _, m := range cfg {
+		more := []redlockprio.Option{}
+		if m.callTO > 0 {
+			more = append(more, redlockprio.WithCallTimeout(m.callTO))
+		}
+		if m.immediate {
+			more = append(more, redlockprio.WithImmediateAck())
+		}
+		lockers = append(lockers, newAtk2Locker(t, addrs, false, atkOpts(m.ttl, m.drift, m.prio, more...)...))
+	}
+	runFor := 8 * time.Second
+	end := time.Now().Add(runFor)
+	var wg sync.WaitGroup
+	grants := make([]int, len(cfg))
+	errs := make([]int, len(cfg))
+	for i, m := range cfg {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				l, err := lockers[i].l.Lock(ctx, name)
+				cancel()
+				if err != nil {
+					errs[i]++
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				grants[i]++
+				s := clk.begin(m.who, l)
+				stop := make(chan struct{})
+				go func() {
+					time.Sleep(time.Duration(10+rand.IntN(50)) * time.Millisecond)
+					close(stop)
+				}()
+				if m.immediate {
+					clk.workWhileLive(s, l, stop)
+				} else {
+					clk.workIgnoringContext(s, l, stop)
+				}
+				clk.end(s, l)
+				_ = l.Release(context.Background())
+				time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+			}
+		})
+	}
+	faults := 0
+	for time.Now().Add(600 * time.Millisecond).Before(end) {
+		time.Sleep(time.Duration(300+rand.IntN(300)) * time.Millisecond)
+		k := rand.IntN(3)
+		px := lockers[rand.IntN(len(lockers))].proxies[k]
+		switch faults % 3 {
+		case 0:
+			_ = servers[k].Pause()
+			time.Sleep(150 * time.Millisecond)
+			_ = servers[k].Resume()
+		case 1:
+			px.DelayReplies(80 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond)
+			px.Restore()
+		case 2:
+			px.DropReplies()
+			time.Sleep(300 * time.Millisecond)
+			px.Restore()
+		}
+		faults++
+	}
+	wg.Wait()
+	for i, m := range cfg {
+		t.Logf("%-16s grants %4d, failed Locks %d", m.who, grants[i], errs[i])
+	}
+	t.Logf("%d faults, %d sections", faults, len(clk.secs))
+	if bad := clk.check(t); bad > 0 {
+		clk.dump(t)
+	}
 }
