@@ -695,3 +695,127 @@ func TestAttack3MixedClientsChaos(t *testing.T) {
 		clk.dump(t)
 	}
 }
+
+// TestAttack3CloseShortDeadlinePausedMajority: a Client (TTL 600ms) holds
+// 20 names, renewed in batches, when masters 0 and 1 are paused; 100ms
+// later it is closed with a 50ms context. Docs: Close ends every lease
+// (contexts end with ErrLost and ErrClosed), "Every wait is bounded by
+// ctx", "the rest finishes in the background". Checked: Close returns
+// within 250ms with an error matching context.DeadlineExceeded (or nil);
+// every lease's context has ended when Close returns, with ErrClosed or
+// (if a renewal round ended it first) ErrLost, never after its validity;
+// after the masters resume, no goroutine of the Client is left after 5s.
+func TestAttack3CloseShortDeadlinePausedMajority(t *testing.T) {
+	servers := testenv.StartRedis(t, 3)
+	addrs := addrsOf(servers)
+	ignore := goleak.IgnoreCurrent()
+	a := atk3Client(t, addrs, atkOpts(600*time.Millisecond, 0.01, 0)...)
+	ctx := ctxFor(t, 20*time.Second)
+	var leases []locks.Lease
+	var watches []*atk3Watch
+	for i := range 20 {
+		l, err := a.l.TryLock(ctx, fmt.Sprintf("%s-%d", uniqueName(t), i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+		watches = append(watches, watchLease(l))
+	}
+	time.Sleep(250 * time.Millisecond) // a renewal round or so
+	_ = servers[0].Pause()
+	_ = servers[1].Pause()
+	time.Sleep(100 * time.Millisecond)
+	cctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	begun := time.Now()
+	err := a.c.Close(cctx)
+	took := time.Since(begun)
+	cancel()
+	t.Logf("Close took %v: %v", took, err)
+	if took > 250*time.Millisecond {
+		t.Errorf("Close with a 50ms context took %v", took)
+	}
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Close = %v", err)
+	}
+	for i, l := range leases {
+		if l.Context().Err() == nil {
+			t.Errorf("lease %d live after Close", i)
+			continue
+		}
+		if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrLost) {
+			t.Errorf("lease %d ended with %v, want ErrLost (and ErrClosed)", i, cause)
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	for i, w := range watches {
+		if ended, deadline, _ := w.get(); ended.After(deadline) {
+			t.Errorf("lease %d's context ended %v after its validity", i, ended.Sub(deadline))
+		}
+	}
+	_ = servers[0].Resume()
+	_ = servers[1].Resume()
+	atk3Leaks(t, ignore)
+}
+
+// TestAttack3ReleaseRepliesLost: H holds a name on 3 masters through
+// proxies; W (another Client) waits in Lock. H's replies from masters 0
+// and 1 are dropped (the requests still run there) when H releases.
+// Docs: Release "returns once a quorum of masters has answered [...] or
+// a *QuorumError when fewer than a quorum answered"; the release script
+// deletes the key and publishes on every master it reaches, and waiters
+// "retry at once when a quorum of masters has announced the same
+// release". Checked: H's Release returns within 1s (a *QuorumError is
+// fine); W gets the name within 1s of the Release (not at the TTL, 3s);
+// W's token is above H's.
+func TestAttack3ReleaseRepliesLost(t *testing.T) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	h := newAtk2Locker(t, addrs, false, atkOpts(3*time.Second, 0.01, 0)...)
+	w := atk3Client(t, addrs, atkOpts(3*time.Second, 0.01, 0)...)
+	// The release script is loaded on every master first: otherwise the
+	// EVALSHA's NOSCRIPT answer is what gets lost, the script never runs
+	// there, and the keys stay until the TTL, as the docs say of a
+	// QuorumError (W then got the name after 2.7s).
+	warm(t, h.l)
+	ctx := ctxFor(t, 20*time.Second)
+	name := uniqueName(t)
+	hl, err := h.l.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type got struct {
+		at    time.Time
+		lease locks.Lease
+		err   error
+	}
+	res := make(chan got, 1)
+	go func() {
+		l, err := w.l.Lock(ctx, name)
+		res <- got{time.Now(), l, err}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	h.proxies[0].DropReplies()
+	h.proxies[1].DropReplies()
+	begun := time.Now()
+	relErr := hl.Release(ctx)
+	took := time.Since(begun)
+	var qe *redlockprio.QuorumError
+	t.Logf("H's Release took %v: %v (QuorumError: %v)", took, relErr, errors.As(relErr, &qe))
+	if took > time.Second {
+		t.Errorf("H's Release took %v", took)
+	}
+	g := <-res
+	if g.err != nil {
+		t.Fatalf("W's Lock: %v", g.err)
+	}
+	d := g.at.Sub(begun)
+	t.Logf("W got the name %v after H's Release began; tokens H %d, W %d", d, hl.Token(), g.lease.Token())
+	if d > time.Second {
+		t.Errorf("W got the name only %v after H's Release", d)
+	}
+	if g.lease.Token() <= hl.Token() {
+		t.Errorf("W's token %d is not above H's %d", g.lease.Token(), hl.Token())
+	}
+	_ = g.lease.Release(context.Background())
+	h.proxies[0].Restore()
+	h.proxies[1].Restore()
+}
