@@ -903,3 +903,71 @@ func TestAttack3TheftNoticeDelayed(t *testing.T) {
 		})
 	}
 }
+
+// TestAttack3ThiefRenewsWhileWaiting: V (TTL 3s, priority 0, default
+// acknowledgement) holds a name and lets go (Release) 1.5s after its
+// context ended; T (priority 1, TTL 300ms, so its renewal interval is
+// ~97ms) steals and waits, and master 0 is paused for 200ms during the
+// wait. Docs: "the thief keeps renewing its keys while it waits". Checked:
+// T's Lock returns after V's Release; T's lease is live then, with a
+// deadline ahead; it stays live for 1s more (renewed); V's last write
+// precedes T's grant; tokens increase.
+func TestAttack3ThiefRenewsWhileWaiting(t *testing.T) {
+	servers := testenv.StartRedis(t, 3)
+	addrs := addrsOf(servers)
+	clk := newAtkClock()
+	v := atk3Client(t, addrs, atkOpts(3*time.Second, 0.01, 0)...)
+	th := atk3Client(t, addrs, atkOpts(300*time.Millisecond, 0.01, 1)...)
+	warm(t, th.l)
+	ctx := ctxFor(t, 20*time.Second)
+	name := uniqueName(t)
+	vl, err := v.l.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv := clk.begin("V", vl)
+	stop := make(chan struct{})
+	go func() {
+		<-vl.Context().Done()
+		time.Sleep(1500 * time.Millisecond)
+		close(stop)
+	}()
+	vdone := make(chan struct{})
+	go func() {
+		defer close(vdone)
+		clk.workIgnoringContext(sv, vl, stop)
+		clk.end(sv, vl)
+		_ = vl.Release(context.Background())
+	}()
+	go func() {
+		<-vl.Context().Done()
+		time.Sleep(500 * time.Millisecond)
+		_ = servers[0].Pause()
+		time.Sleep(200 * time.Millisecond)
+		_ = servers[0].Resume()
+	}()
+	begun := time.Now()
+	tl, err := th.l.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := clk.begin("T", tl)
+	clk.write(st, clk.now())
+	waited := time.Since(begun)
+	ahead := time.Until(tl.(*redlockprio.Lease).Deadline())
+	t.Logf("T waited %v; its deadline is %v ahead at the grant", waited, ahead)
+	if tl.Context().Err() != nil || ahead < 50*time.Millisecond {
+		t.Errorf("T's lease at its grant: %v, deadline %v ahead", context.Cause(tl.Context()), ahead)
+	}
+	time.Sleep(time.Second)
+	if err := tl.Context().Err(); err != nil {
+		t.Errorf("T's lease ended within 1s of its grant: %v", context.Cause(tl.Context()))
+	}
+	clk.write(st, clk.now())
+	clk.end(st, tl)
+	_ = tl.Release(context.Background())
+	<-vdone
+	if clk.check(t) > 0 {
+		clk.dump(t)
+	}
+}
