@@ -34,7 +34,7 @@ func TestCancelledAttemptHoldsNothingAtReturn(t *testing.T) {
 		size    int // 0: the Locker; else a Semaphore of size slots
 		try     bool
 	}{
-		{masters: 1}, {masters: 3}, {masters: 3, try: true}, {masters: 3, size: 2}, {masters: 1, size: 2},
+		{masters: 1}, {masters: 3}, {masters: 3, try: true}, {masters: 3, size: 2}, {masters: 3, size: 2, try: true}, {masters: 1, size: 2},
 	} {
 		t.Run(fmt.Sprintf("masters=%d/size=%d/try=%v", tc.masters, tc.size, tc.try), func(t *testing.T) {
 			addrs := addrsOf(servers[:tc.masters])
