@@ -17,7 +17,15 @@ import (
 // acknowledged only then (the chain of thieves). If the Client closes
 // first, those keys are left to expire: set after the victim's, they
 // outlast its validity.
+//
+// giveUp waits for the deletions also when ctx has ended (a Lock whose
+// context ended must hold nothing when it returns), at most the call
+// timeout (see deleteKeys). At each master the deletion runs after the
+// attempt's acquire there (see sequence), so it also undoes a grant whose
+// answer had not come when ctx ended; only masters whose acquire or
+// deletion has not answered by then are left to the background (late).
 func (c *Client) giveUp(ctx context.Context, cl *claim, gs []grant, others []*master) {
+	ctx = context.WithoutCancel(ctx)
 	victims := c.victimsOf(gs)
 	var now, taken, unknown []*master
 	for _, g := range gs {
@@ -98,9 +106,10 @@ func leftoversOf(gs []grant) []leftover {
 // deleteKeys deletes the claim's leftovers, one master each, where they
 // are still the claim's; when some are kept if taken, it remembers that
 // the claim may have kept such keys (see notice). It waits for the
-// answers until ctx ends or the call timeout; the calls go on regardless
-// until then, so that a Lock whose context ended returns at once and
-// still cleans up.
+// answers until ctx ends, the call timeout, or the grace for stragglers
+// once a majority has answered (see callPolicy.grace); the calls go on
+// regardless until the call timeout. giveUp passes a context that does
+// not end, so that a failed attempt holds nothing when it returns.
 func (c *Client) deleteKeys(ctx context.Context, cl *claim, leftovers []leftover) {
 	if len(leftovers) == 0 {
 		return

@@ -64,6 +64,26 @@
 // displaced a lower priority (see Priorities and theft). Errors say which
 // masters failed: a [*QuorumError] unwraps to one error per master.
 //
+// A call whose context ends while its attempt is in flight, or after the
+// attempt won some masters but before it was granted (Lock, TryLock,
+// Acquire, TryAcquire alike), deletes what the attempt may hold before it
+// returns ctx's error, and so holds nothing when it returns: it waits for
+// those deletions up to the call timeout past the context's end. Each
+// deletion removes the key only where it is still the attempt's (checked
+// in the same script), and at each master it runs after the attempt's
+// acquire there has answered, so it also undoes a grant whose answer had
+// not come when the context ended
+// (TestCancelledAttemptHoldsNothingAtReturn). The limit: a call still
+// unanswered at return — a master hung past the call timeout, or a
+// straggler left after the grace once a majority had answered — cannot be
+// undone before the return; a grant such a master makes after Lock
+// returned (its request was already sent) is deleted in the background
+// when its answer arrives, or expires after the TTL. Keys taken from
+// another holder are the exception of Priorities and theft: they stay
+// until that holder has let go or run out of validity (the name was not
+// free then either), and a thief whose context ends while it waits for
+// its victim releases its lease in the background once that wait is over.
+//
 // Every lease is renewed in the background: all the leases of one Client
 // in one pipeline per master per tick ([WithRenewInterval]), from one
 // goroutine that exits when no lease is held. Renewal extends a key only

@@ -36,7 +36,9 @@ var (
 // Lock fail at once, with a [*QuorumError]. Two masters found to be one
 // server on first contact fail it with an error matching
 // [locks.ErrInvalidOption]. When ctx ends first, Lock returns an error
-// matching ctx.Err() and holds nothing; when the Client closes first, an
+// matching ctx.Err() and holds nothing: it first deletes what an attempt
+// in flight got, waiting up to the call timeout ([WithCallTimeout]) more
+// (see the package doc for the limit); when the Client closes first, an
 // error matching [locks.ErrClosed]. Lock is safe for concurrent use.
 func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	return l.c.call(ctx, "lock", name, 1, false, true)

@@ -129,7 +129,11 @@ func (h *harness) Capabilities() contracttest.Capabilities {
 		Semaphore:     true,
 		CrashRecovery: testTTL + 100*time.Millisecond,
 		LossDetection: 2 * testRenew,
-		InvalidNames:  []string{"bad\x00name", string([]byte{0xff}), "has{brace", "has}brace", strings.Repeat("x", 1025)},
+		// A call whose context ends deletes what its attempt got before
+		// it returns, waiting up to the call timeout (by default
+		// testTTL/10, at least 200ms) for a master that does not answer.
+		CancelGrace:  200 * time.Millisecond,
+		InvalidNames: []string{"bad\x00name", string([]byte{0xff}), "has{brace", "has}brace", strings.Repeat("x", 1025)},
 	}
 }
 

@@ -683,9 +683,11 @@ func newRedisWithoutContextTimeout(addr string) *redis.Client {
 // masters, two paused, Lock, TryLock and Release given a context with a
 // deadline of 300ms return within 1s, half the clients' read timeout,
 // which is what ends the calls to the paused masters; Lock and TryLock
-// with an error matching the context's. A PING on a paused master's
-// client with the same deadline shows that the client itself waits
-// longer than that.
+// with an error matching the context's. (Lock and TryLock wait up to the
+// call timeout, 300ms here, past the deadline for the deletion of what
+// their attempt may hold: see the package doc.) A PING on a paused
+// master's client with the same deadline shows that the client itself
+// waits longer than that.
 func TestDeadlineWithoutContextTimeout(t *testing.T) {
 	const (
 		deadline = 300 * time.Millisecond
@@ -706,7 +708,8 @@ func TestDeadlineWithoutContextTimeout(t *testing.T) {
 			}
 			// A long TTL: the held lease must not be lost before its
 			// Release below.
-			lc, err := redlockprio.New(ms, redlockprio.WithTTL(10*time.Second), redlockprio.WithRenewInterval(3*time.Second))
+			lc, err := redlockprio.New(ms, redlockprio.WithTTL(10*time.Second), redlockprio.WithRenewInterval(3*time.Second),
+				redlockprio.WithCallTimeout(deadline))
 			if err != nil {
 				t.Fatal(err)
 			}
