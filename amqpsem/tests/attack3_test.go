@@ -552,8 +552,19 @@ func TestAttack3LateDeclareReply(t *testing.T) {
 // TestAttack3LostDeleteReply: a holder's Release deletes its queue but the
 // delete-ok never comes back (DropReplies). Checks: Release returns within
 // its ctx plus a heartbeat (the doc's bound); the slot is free at the
-// broker at once (another client takes it); after Restore the holder's
-// client reconnects and can acquire again.
+// broker at once (another client takes it); after Restore (which closes
+// the connection that lost data) calls made before the client noticed
+// fail with errors matching ErrConnectionClosed and locks.ErrClosed, as
+// the Client's doc says of calls in flight when the connection is lost;
+// the client reconnects and acquires again.
+//
+// FOUND (fails about one run in two): a call whose first write hits the
+// dead socket before amqp091 has marked the connection closed returns the
+// raw network error ("probe ...: write tcp ...: write: broken pipe"),
+// matching neither ErrConnectionClosed nor locks.ErrClosed, so a caller
+// cannot tell it is the connection loss the doc says to retry after.
+// session.connErr wraps an error only when conn.IsClosed() is already
+// true at that moment.
 func TestAttack3LostDeleteReply(t *testing.T) {
 	url, host := amqpURL(t)
 	name := atkName("a3lostdel")
@@ -588,15 +599,38 @@ func TestAttack3LostDeleteReply(t *testing.T) {
 	}
 	t.Logf("other client holds the slot %v after the release", time.Since(t0))
 	ol.Release(ctx)
+	// Restore closes the connection whose replies were dropped; the client
+	// may not have noticed yet when the next calls start. Four at once, so
+	// that one is likely to write before the client has seen the EOF.
 	p.Restore()
-	atkWaitConnected(t, vc, 10*time.Second)
-	actx, acancel := context.WithTimeout(ctx, 5*time.Second)
-	defer acancel()
-	l2, err := vsem.Acquire(actx, name)
-	if err != nil {
-		t.Fatalf("after the lost reply and Restore: %v (connected %v)", err, vc.Connected())
+	connected := vc.Connected()
+	var cwg sync.WaitGroup
+	for k := range 4 {
+		cwg.Go(func() {
+			l, err := vsem.TryAcquire(ctx, name)
+			if err == nil {
+				l.Release(ctx)
+				return
+			}
+			if errors.Is(err, locks.ErrNotAcquired) || errors.Is(err, amqpsem.ErrConnectionClosed) && errors.Is(err, locks.ErrClosed) {
+				return
+			}
+			t.Errorf("TryAcquire %d on the dead connection (Connected() was %v) failed with %v, which matches neither ErrConnectionClosed nor locks.ErrClosed", k, connected, err)
+		})
 	}
-	l2.Release(ctx)
+	cwg.Wait()
+	end := time.Now().Add(10 * time.Second)
+	for {
+		l2, err := vsem.TryAcquire(ctx, name)
+		if err == nil {
+			l2.Release(ctx)
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no slot 10s after Restore: %v (connected %v)", err, vc.Connected())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // TestAttack3WaitReleasedDuringChurn: four clients churn on a 4-slot
