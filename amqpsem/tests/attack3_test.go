@@ -822,3 +822,187 @@ func TestAttack3CommandWaitChurn(t *testing.T) {
 	}
 	<-churn
 }
+
+// TestAttack3BatchedVerifyPartialRemoval: one client holds the four slots
+// of a semaphore (its leases verified together in one batched round every
+// 100ms) and an administrator removes slots 3 and 4. Checks: the leases
+// on slots 3 and 4 end with ErrLost and ErrSlotRemoved within a second,
+// their holder queues are deleted without Release, and the leases on
+// slots 1 and 2, verified in the same rounds, stay live.
+func TestAttack3BatchedVerifyPartialRemoval(t *testing.T) {
+	url, _ := amqpURL(t)
+	name := atkName("a3batch")
+	atkCleanup(t, url, name)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	c := atkDial(t, url, "", amqpsem.WithVerifyInterval(100*time.Millisecond))
+	admin := atkAdmin(t, atkDial(t, url, ""))
+	if err := admin.Create(ctx, name, 4); err != nil {
+		t.Fatal(err)
+	}
+	sem, _ := c.Semaphore(4)
+	leases := map[int]locks.Lease{}
+	for range 4 {
+		l, err := sem.TryAcquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[l.(locks.SlotLease).Slot()] = l
+	}
+	t0 := time.Now()
+	if _, err := admin.Resize(ctx, name, 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []int{3, 4} {
+		select {
+		case <-leases[s].Context().Done():
+			cause := context.Cause(leases[s].Context())
+			t.Logf("slot %d ended %v after the resize began: %v", s, time.Since(t0), cause)
+			if !errors.Is(cause, locks.ErrLost) || !errors.Is(cause, amqpsem.ErrSlotRemoved) {
+				t.Errorf("slot %d ended with %v", s, cause)
+			}
+		case <-time.After(time.Second + time.Since(t0)):
+			t.Errorf("slot %d's lease still live a second after its slot was removed", s)
+		}
+	}
+	raw := atkRaw(t, url)
+	end := time.Now().Add(2 * time.Second)
+	for _, s := range []int{3, 4} {
+		q := name + "-" + strconv.Itoa(s) + "-B"
+		for raw.state(q) != "absent" && time.Now().Before(end) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if st := raw.state(q); st != "absent" {
+			t.Errorf("holder queue %s is %s 2s after its lease ended", q, st)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, s := range []int{1, 2} {
+		if err := leases[s].Context().Err(); err != nil {
+			t.Errorf("slot %d (kept) ended: %v", s, context.Cause(leases[s].Context()))
+		}
+		leases[s].Release(ctx)
+	}
+}
+
+// TestAttack3ValidityExpiresConnectionAlive: a holder's replies come 2s
+// late (its requests still reach the broker at once), so its
+// verifications stop succeeding in time. Checks: its lease ends with
+// ErrLost within a heartbeat (1s) of its last verification plus slack,
+// and its slot is freed soon after (by the queue's delete, which reaches
+// the broker at once, or by the client dropping the silent connection:
+// in the runs seen, Connected() was already false when the waiter got
+// the slot), never before the lease ended.
+func TestAttack3ValidityExpiresConnectionAlive(t *testing.T) {
+	url, host := amqpURL(t)
+	name := atkName("a3valid")
+	atkCleanup(t, url, name)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	wc := atkDial(t, url, "")
+	if err := atkAdmin(t, wc).Create(ctx, name, 1); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.NewProxy(t, host)
+	hc := atkDial(t, url, p.Addr(), amqpsem.WithHeartbeat(time.Second), amqpsem.WithVerifyInterval(200*time.Millisecond))
+	hsem, _ := hc.Semaphore(1)
+	hl, err := hsem.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec atk3Recorder
+	rec.held("late holder", hl)
+	wsem, _ := wc.Semaphore(1)
+	got := make(chan time.Time, 1)
+	go func() {
+		l, err := wsem.Acquire(ctx, name)
+		if err != nil {
+			t.Errorf("waiter: %v", err)
+			got <- time.Time{}
+			return
+		}
+		rec.held("waiter", l)
+		got <- time.Now()
+		l.Release(context.Background())
+	}()
+	time.Sleep(500 * time.Millisecond)
+	t0 := time.Now()
+	p.DelayReplies(2 * time.Second)
+	var at time.Time
+	select {
+	case at = <-got:
+	case <-time.After(15 * time.Second):
+		t.Fatal("waiter did not acquire within 15s")
+	}
+	<-hl.Context().Done()
+	rec.mu.Lock()
+	ended := rec.ivs[0].end
+	rec.mu.Unlock()
+	t.Logf("late holder's lease ended %v after the delay began (%v); waiter held the slot at %v; holder connected %v",
+		ended.Sub(t0), context.Cause(hl.Context()), at.Sub(t0), hc.Connected())
+	if ended.Sub(t0) > time.Second+200*time.Millisecond+500*time.Millisecond {
+		t.Errorf("lease ended %v after its verifications stopped succeeding: more than a heartbeat after the last", ended.Sub(t0))
+	}
+	if at.Sub(ended) > 2*time.Second {
+		t.Errorf("waiter held the slot %v after the lease ended: its queue was not deleted at once", at.Sub(ended))
+	}
+	bad, _ := rec.overlaps()
+	for _, b := range bad {
+		t.Error("overlap: " + b)
+	}
+	p.Restore()
+}
+
+// TestAttack3CloseDuringLateDeclare: a client's Acquire has declared a
+// holder queue whose declare-ok is 2s late when the client is closed with
+// a 100ms deadline. Checks: Close returns within its deadline plus a
+// second, the Acquire returns an error matching locks.ErrClosed (or
+// ctx's), and no holder queue is left at the broker 3s later.
+func TestAttack3CloseDuringLateDeclare(t *testing.T) {
+	url, host := amqpURL(t)
+	name := atkName("a3closelate")
+	atkCleanup(t, url, name)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	raw := atkRaw(t, url)
+	if err := atkAdmin(t, atkDial(t, url, "")).Create(ctx, name, 2); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.NewProxy(t, host)
+	vc := atkDial(t, url, p.Addr(), amqpsem.WithHeartbeat(5*time.Second))
+	vsem, _ := vc.Semaphore(2)
+	p.DelayReplies(2 * time.Second)
+	acqErr := make(chan error, 2)
+	for range 2 {
+		go func() {
+			l, err := vsem.Acquire(ctx, name)
+			if err == nil {
+				t.Errorf("Acquire succeeded on a client being closed: slot %d, live %v", l.(locks.SlotLease).Slot(), l.Context().Err() == nil)
+			}
+			acqErr <- err
+		}()
+	}
+	time.Sleep(2500 * time.Millisecond) // the probes' replies are in; the declares are at the broker
+	cctx, ccancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	t0 := time.Now()
+	cerr := vc.Close(cctx)
+	ccancel()
+	t.Logf("Close took %v: %v", time.Since(t0), cerr)
+	if time.Since(t0) > 1100*time.Millisecond {
+		t.Errorf("Close with a 100ms deadline took %v", time.Since(t0))
+	}
+	for range 2 {
+		select {
+		case err := <-acqErr:
+			if err != nil && !errors.Is(err, locks.ErrClosed) && !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("Acquire during Close: %v", err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Error("Acquire did not return within 3s of Close")
+		}
+	}
+	p.Restore()
+	if left := atk3HolderQueues(raw, name, 2, 3*time.Second); len(left) > 0 {
+		t.Errorf("holder queues left 3s after Close: %v", left)
+	}
+}
