@@ -1006,3 +1006,61 @@ func TestAttack3CloseDuringLateDeclare(t *testing.T) {
 		t.Errorf("holder queues left 3s after Close: %v", left)
 	}
 }
+
+// TestAttack3CreateRaceSizes: clients dialed WithCreate with Semaphores
+// of sizes 2 and 5 acquire a missing name at once, eight acquires each.
+// Checks: the semaphore is created once, with 2 or 5 slots (never a mix,
+// such as 7, or a partial count); the size-2 Semaphore never holds a slot
+// above 2; no slot has two overlapping leases; no more leases are live
+// than the final C.
+func TestAttack3CreateRaceSizes(t *testing.T) {
+	url, _ := amqpURL(t)
+	name := atkName("a3create")
+	atkCleanup(t, url, name)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	var rec atk3Recorder
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, size := range []int{2, 5} {
+		c := atkDial(t, url, "", amqpsem.WithCreate(true))
+		sem, _ := c.Semaphore(size)
+		for w := range 8 {
+			who := fmt.Sprintf("size %d.w%d", size, w)
+			wg.Go(func() {
+				<-start
+				actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+				defer acancel()
+				l, err := sem.Acquire(actx, name)
+				if err != nil {
+					t.Errorf("%s: %v", who, err)
+					return
+				}
+				ended := rec.held(who, l)
+				if s := l.(locks.SlotLease).Slot(); s > size {
+					t.Errorf("%s holds slot %d", who, s)
+				}
+				time.Sleep(50 * time.Millisecond)
+				ended()
+				l.Release(context.Background())
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	st, err := atkAdmin(t, atkDial(t, url, "")).Status(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Slots != 2 && st.Slots != 5 {
+		t.Errorf("racing creates of sizes 2 and 5 left %d slots", st.Slots)
+	}
+	bad, most := rec.overlaps()
+	for _, b := range bad {
+		t.Error("overlap: " + b)
+	}
+	if most > st.Slots {
+		t.Errorf("%d leases live at once on %d slots", most, st.Slots)
+	}
+	t.Logf("created with %d slots; %d leases, at most %d live at once", st.Slots, rec.count(), most)
+}
