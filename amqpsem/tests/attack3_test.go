@@ -1064,3 +1064,75 @@ func TestAttack3CreateRaceSizes(t *testing.T) {
 	}
 	t.Logf("created with %d slots; %d leases, at most %d live at once", st.Slots, rec.count(), most)
 }
+
+// TestAttack3CutMidDeclare: a client's TryAcquire has its declare at the broker
+// (seen as a locked B[1]; the replies are held back 1s) when the proxy
+// cuts the connection.
+// Checks: TryAcquire returns an error matching ErrConnectionClosed and
+// locks.ErrClosed (the Client's doc, for calls in flight when the
+// connection is lost), holding nothing; another client takes the slot
+// at once; after Restore the client reconnects and acquires.
+func TestAttack3CutMidDeclare(t *testing.T) {
+	url, host := amqpURL(t)
+	name := atkName("a3cutdecl")
+	atkCleanup(t, url, name)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	oc := atkDial(t, url, "")
+	if err := atkAdmin(t, oc).Create(ctx, name, 1); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.NewProxy(t, host)
+	vc := atkDial(t, url, p.Addr())
+	vsem, _ := vc.Semaphore(1)
+	p.DelayReplies(time.Second)
+	errc := make(chan error, 1)
+	go func() {
+		l, err := vsem.TryAcquire(ctx, name)
+		if err == nil {
+			t.Errorf("TryAcquire succeeded across a cut: live %v", l.Context().Err() == nil)
+		}
+		errc <- err
+	}()
+	raw := atkRaw(t, url)
+	for deadline := time.Now().Add(10 * time.Second); raw.state(name+"-1-B") != "locked"; { // the declare is at the broker
+		if time.Now().After(deadline) {
+			t.Fatal("the client's declare never reached the broker")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t0 := time.Now()
+	p.Cut()
+	select {
+	case err := <-errc:
+		t.Logf("TryAcquire cut mid-declare: %v after %v", err, time.Since(t0))
+		if err != nil && (!errors.Is(err, amqpsem.ErrConnectionClosed) || !errors.Is(err, locks.ErrClosed)) {
+			t.Errorf("TryAcquire cut mid-declare returned %v, matching ErrConnectionClosed %v, locks.ErrClosed %v",
+				err, errors.Is(err, amqpsem.ErrConnectionClosed), errors.Is(err, locks.ErrClosed))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("TryAcquire did not return within 5s of the cut")
+	}
+	osem, _ := oc.Semaphore(1)
+	actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+	ol, err := osem.Acquire(actx, name)
+	acancel()
+	if err != nil {
+		t.Fatalf("other client, after the cut: %v", err)
+	}
+	t.Logf("other client took the slot %v after the cut", time.Since(t0))
+	ol.Release(ctx)
+	p.Restore()
+	end := time.Now().Add(10 * time.Second)
+	for {
+		l, err := vsem.TryAcquire(ctx, name)
+		if err == nil {
+			l.Release(ctx)
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no slot 10s after Restore: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
