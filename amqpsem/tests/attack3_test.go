@@ -640,6 +640,13 @@ func TestAttack3LostDeleteReply(t *testing.T) {
 // Slots); when WaitReleased returns
 // nil, every lease on slot 3 or 4 has ended; no slot has two overlapping
 // leases.
+//
+// SEEN once in four runs under load (load average 9 on 2 cores): the
+// Resize failed, "administration mutex lost during the change: validity
+// deadline passed without a renewal", its client (1s heartbeat) running
+// the Status loop's scans; see TestAttack3StatusStarvesVerify. Each
+// Status took 4 to 10s there, against "about a second, a few under the
+// race detector".
 func TestAttack3WaitReleasedDuringChurn(t *testing.T) {
 	url, _ := amqpURL(t)
 	name := atkName("a3churn")
@@ -940,11 +947,16 @@ func TestAttack3ValidityExpiresConnectionAlive(t *testing.T) {
 	rec.mu.Unlock()
 	t.Logf("late holder's lease ended %v after the delay began (%v); waiter held the slot at %v; holder connected %v",
 		ended.Sub(t0), context.Cause(hl.Context()), at.Sub(t0), hc.Connected())
+	if ended.Before(t0) {
+		t.Logf("the lease ended before the fault: its verifications were already too slow (load)")
+	}
 	if ended.Sub(t0) > time.Second+200*time.Millisecond+500*time.Millisecond {
 		t.Errorf("lease ended %v after its verifications stopped succeeding: more than a heartbeat after the last", ended.Sub(t0))
 	}
-	if at.Sub(ended) > 2*time.Second {
-		t.Errorf("waiter held the slot %v after the lease ended: its queue was not deleted at once", at.Sub(ended))
+	// The background delete may need a channel, whose open-ok is 2s late;
+	// the broker's heartbeat bound (3s) frees the slot in any case.
+	if at.Sub(ended) > 3*time.Second+time.Second {
+		t.Errorf("waiter held the slot %v after the lease ended", at.Sub(ended))
 	}
 	bad, _ := rec.overlaps()
 	for _, b := range bad {
@@ -1012,7 +1024,11 @@ func TestAttack3CloseDuringLateDeclare(t *testing.T) {
 // Checks: the semaphore is created once, with 2 or 5 slots (never a mix,
 // such as 7, or a partial count); the size-2 Semaphore never holds a slot
 // above 2; no slot has two overlapping leases; no more leases are live
-// than the final C.
+// than the final C. It logs how long the sixteen acquires took (0.35 to
+// 0.61s in quiet runs). SEEN once under load (load average 9 on 2 cores,
+// 5s per acquire then, 15s now): 8 of 16 acquires failed with "create
+// ...: administration mutex: context deadline exceeded", waiting creators
+// queueing for the mutex after the semaphore was made.
 func TestAttack3CreateRaceSizes(t *testing.T) {
 	url, _ := amqpURL(t)
 	name := atkName("a3create")
@@ -1022,6 +1038,7 @@ func TestAttack3CreateRaceSizes(t *testing.T) {
 	var rec atk3Recorder
 	var wg sync.WaitGroup
 	start := make(chan struct{})
+	var slowest atomic.Int64
 	for _, size := range []int{2, 5} {
 		c := atkDial(t, url, "", amqpsem.WithCreate(true))
 		sem, _ := c.Semaphore(size)
@@ -1029,12 +1046,18 @@ func TestAttack3CreateRaceSizes(t *testing.T) {
 			who := fmt.Sprintf("size %d.w%d", size, w)
 			wg.Go(func() {
 				<-start
-				actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+				actx, acancel := context.WithTimeout(ctx, 15*time.Second)
 				defer acancel()
+				a0 := time.Now()
 				l, err := sem.Acquire(actx, name)
 				if err != nil {
-					t.Errorf("%s: %v", who, err)
+					t.Errorf("%s: %v after %v", who, err, time.Since(a0))
 					return
+				}
+				for d := int64(time.Since(a0)); ; {
+					if old := slowest.Load(); d <= old || slowest.CompareAndSwap(old, d) {
+						break
+					}
 				}
 				ended := rec.held(who, l)
 				if s := l.(locks.SlotLease).Slot(); s > size {
@@ -1046,23 +1069,26 @@ func TestAttack3CreateRaceSizes(t *testing.T) {
 			})
 		}
 	}
+	t0 := time.Now()
 	close(start)
 	wg.Wait()
-	st, err := atkAdmin(t, atkDial(t, url, "")).Status(ctx, name)
+	took := time.Since(t0)
+	slots, err := atkAdmin(t, atkDial(t, url, "")).Max(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Slots != 2 && st.Slots != 5 {
-		t.Errorf("racing creates of sizes 2 and 5 left %d slots", st.Slots)
+	if slots != 2 && slots != 5 {
+		t.Errorf("racing creates of sizes 2 and 5 left %d slots", slots)
 	}
 	bad, most := rec.overlaps()
 	for _, b := range bad {
 		t.Error("overlap: " + b)
 	}
-	if most > st.Slots {
-		t.Errorf("%d leases live at once on %d slots", most, st.Slots)
+	if most > slots {
+		t.Errorf("%d leases live at once on %d slots", most, slots)
 	}
-	t.Logf("created with %d slots; %d leases, at most %d live at once", st.Slots, rec.count(), most)
+	t.Logf("created with %d slots; %d leases (each held 50ms), at most %d live at once; all done in %v, slowest acquire %v",
+		slots, rec.count(), most, took, time.Duration(slowest.Load()))
 }
 
 // TestAttack3CutMidDeclare: a client's TryAcquire has its declare at the broker
@@ -1134,5 +1160,59 @@ func TestAttack3CutMidDeclare(t *testing.T) {
 			t.Fatalf("no slot 10s after Restore: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestAttack3StatusStarvesVerify: a client (1s heartbeat, verifying every
+// 250ms) holds a slot and runs Admin.Status, a scan of 65535 pipelined
+// probes, three times in a row on the same connection. Checks: the lease
+// stays live (its verification has a channel of its own, "which a long
+// scan must not delay"). It passed in isolation (2 runs, scans of 3.6 to
+// 5.8s); it is kept as the isolated form of what the churn test saw:
+//
+// SEEN (under load: load average 9 on 2 cores, other helpers' tests
+// running): TestAttack3WaitReleasedDuringChurn's Resize failed with
+// "administration mutex lost during the change: validity deadline passed
+// without a renewal" while a Status loop ran on the administrator's client.
+// The likely cause: the scan's publishes share the connection's socket
+// (and amqp091's single writer) with the verifier's probes, which then
+// miss the 1s validity. A false loss, not a safety breach.
+func TestAttack3StatusStarvesVerify(t *testing.T) {
+	url, _ := amqpURL(t)
+	name := atkName("a3starve")
+	atkCleanup(t, url, name)
+	ctx, cancel := context.WithTimeout(context.Background(), 28*time.Second)
+	defer cancel()
+	c := atkDial(t, url, "")
+	admin := atkAdmin(t, c)
+	if err := admin.Create(ctx, name, 2); err != nil {
+		t.Fatal(err)
+	}
+	sem, _ := c.Semaphore(2)
+	l, err := sem.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	mutex, err := c.Locker().TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mutex.Release(context.Background())
+	for i := range 3 {
+		s0 := time.Now()
+		if _, err := admin.Status(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("status %d took %v", i, time.Since(s0))
+		if l.Context().Err() != nil || mutex.Context().Err() != nil {
+			break
+		}
+	}
+	if err := l.Context().Err(); err != nil {
+		t.Errorf("slot lease lost during Status scans on its client: %v", context.Cause(l.Context()))
+	}
+	if err := mutex.Context().Err(); err != nil {
+		t.Errorf("mutex lease lost during Status scans on its client: %v", context.Cause(mutex.Context()))
 	}
 }
