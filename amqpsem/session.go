@@ -3,7 +3,10 @@ package amqpsem
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -228,13 +231,24 @@ func (c *session) connErr(err error) error {
 	if err == nil {
 		return nil
 	}
-	if c.conn.IsClosed() {
+	if c.conn.IsClosed() || socketLost(err) {
 		if cerr := c.errClosed(); cerr != nil {
 			return cerr
 		}
 		return &closedError{cause: err}
 	}
 	return err
+}
+
+// socketLost reports whether err is the connection's socket failing (a
+// write on a broken pipe, a reset, an EOF): amqp091 closes the connection
+// for it, but a call may see the error before the connection says it is
+// closed (found by an attack: a probe's "write: broken pipe" reached the
+// caller unwrapped, matching neither ErrConnectionClosed nor ErrClosed).
+func socketLost(err error) bool {
+	var ne *net.OpError
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // call runs fn on a pooled channel. AMQP calls cannot be interrupted: when

@@ -266,7 +266,7 @@ func (c *Client) TTL() time.Duration { return c.o.ttl() }
 // [locks.ErrClosed]; Close does not wait for that, so cancel Run's
 // context and wait for it first to know the service has stopped.
 func (c *Client) Close(ctx context.Context) error {
-	return c.reg.Close(ctx, nil)
+	return driver.Errorf("natsputex", "close", "", c.reg.Close(ctx, nil))
 }
 
 // knownBlank returns the revision at which this client left key blank, if

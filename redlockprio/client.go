@@ -317,7 +317,35 @@ func (c *Client) Close(ctx context.Context) error {
 	c.mu.Unlock()
 
 	err := c.reg.Close(ctx, nil)
+	select {
+	case <-c.reg.Done():
+		c.stop()
+	default:
+		// ctx ended before the releases did: they (and the victims'
+		// acknowledgements they send) still need the workers and the
+		// subscriptions, so those stop only once the releases are over.
+		go func() {
+			<-c.reg.Done()
+			c.stop()
+		}()
+		return driver.Errorf(backend, "close", "", err)
+	}
+	stopped := make(chan struct{})
+	go func() {
+		c.wg.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		err = errors.Join(err, ctx.Err())
+	}
+	return driver.Errorf(backend, "close", "", err)
+}
 
+// stop refuses new work, closes the subscriptions and tells the workers
+// to go: the last step of Close, once every lease is released.
+func (c *Client) stop() {
 	c.mu.Lock()
 	c.closed = true
 	c.closedFlag.Store(true)
@@ -330,19 +358,6 @@ func (c *Client) Close(ctx context.Context) error {
 	}
 	c.pubsubs = nil
 	c.subMu.Unlock()
-	stopped := make(chan struct{})
-	go func() {
-		c.wg.Wait()
-		close(stopped)
-	}()
-	select {
-	case <-stopped:
-	case <-ctx.Done():
-		if err == nil {
-			err = driver.Errorf(backend, "close", "", ctx.Err())
-		}
-	}
-	return err
 }
 
 // goTracked runs f in a goroutine that Close waits for, unless the Client

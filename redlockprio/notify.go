@@ -242,11 +242,13 @@ func (c *Client) notice(vid, reply, thief string) {
 		lease.End(cause)
 	}
 	c.goTracked(func() {
+		// A Client closing has let go of every lease (its Close stops
+		// the workers only once the releases are over): that is an
+		// acknowledgement too.
 		if ackable != nil {
 			select {
 			case <-ackable:
 			case <-c.done:
-				return
 			}
 		}
 		if lease != nil && !c.o.immediate {
@@ -258,8 +260,6 @@ func (c *Client) notice(vid, reply, thief string) {
 			case <-holderDone:
 			case <-t.C:
 			case <-c.done:
-				t.Stop()
-				return
 			}
 			t.Stop()
 		}
@@ -293,11 +293,14 @@ func (c *Client) rememberKeptFor(id string, d time.Duration) {
 // background.
 func (c *Client) publish(channel, payload string) {
 	for _, m := range c.masters {
-		c.goTracked(func() {
+		send := func() {
 			ctx, cancel := context.WithTimeout(context.Background(), max(c.o.ttl/2, time.Second))
 			defer cancel()
 			_ = m.c.Publish(ctx, channel, payload).Err()
-		})
+		}
+		if !c.goTracked(send) {
+			send() // the Client is closed: on the caller's goroutine
+		}
 	}
 }
 

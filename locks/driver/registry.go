@@ -67,6 +67,7 @@ type Registry struct {
 	closed   bool
 	renewing bool // the renewal goroutine runs
 	wg       sync.WaitGroup
+	done     chan struct{} // closed when Close has finished everything
 }
 
 // NewRegistry returns an open Registry for cfg. It returns an error
@@ -85,6 +86,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		ctx:     ctx,
 		cancel:  cancel,
 		leases:  make(map[*Lease]struct{}),
+		done:    make(chan struct{}),
 	}, nil
 }
 
@@ -172,9 +174,10 @@ func (r *Registry) forget(l *Lease) {
 // parallel, makes [Registry.Context] end, and waits for the goroutines
 // started by Go and the renewal loop. Every wait is bounded by ctx: when
 // ctx ends first, Close returns an error matching ctx.Err() and the rest
-// finishes in the background. Close returns the errors of the releases at
-// the broker that failed. It is idempotent: later calls return nil at
-// once.
+// finishes in the background ([Registry.Done] says when). Close returns
+// the errors of the releases at the broker that failed, each naming its
+// lease, for the backend to wrap with its own name ([Errorf]). It is
+// idempotent: later calls return nil at once.
 func (r *Registry) Close(ctx context.Context, cause error) error {
 	r.mu.Lock()
 	if r.closed {
@@ -195,7 +198,6 @@ func (r *Registry) Close(ctx context.Context, cause error) error {
 	var (
 		mu   sync.Mutex
 		errs []error
-		done = make(chan struct{})
 		rel  sync.WaitGroup
 	)
 	for _, l := range held {
@@ -207,7 +209,7 @@ func (r *Registry) Close(ctx context.Context, cause error) error {
 				// its own calls, and Close stops waiting when ctx ends.
 				if err := l.free(context.WithoutCancel(ctx)); err != nil {
 					mu.Lock()
-					errs = append(errs, Errorf(r.backend, "release", l.Name(), err))
+					errs = append(errs, fmt.Errorf("release %q: %w", l.Name(), err))
 					mu.Unlock()
 				}
 				l.releaseErr = Errorf(r.backend, "release", l.Name(), context.Cause(l.ctx))
@@ -217,14 +219,20 @@ func (r *Registry) Close(ctx context.Context, cause error) error {
 	go func() {
 		rel.Wait()
 		r.wg.Wait()
-		close(done)
+		close(r.done)
 	}()
 	select {
-	case <-done:
+	case <-r.done:
 	case <-ctx.Done():
 		mu.Lock()
 		defer mu.Unlock()
-		return errors.Join(append(errs, Errorf(r.backend, "close", "", ctx.Err()))...)
+		return errors.Join(append(errs, ctx.Err())...)
 	}
 	return errors.Join(errs...)
 }
+
+// Done returns a channel closed once Close has released every lease and
+// every goroutine started by Go has returned: after Close returned early
+// (its ctx ended), a backend waits on it before it lets go of what the
+// releases still need (its connections, its workers).
+func (r *Registry) Done() <-chan struct{} { return r.done }

@@ -84,7 +84,7 @@ func (c *Client) Close(ctx context.Context) error {
 	if !c.setState(closed) {
 		return nil
 	}
-	return c.reg.Close(ctx, nil)
+	return driver.Errorf("memlock", "close", "", c.reg.Close(ctx, nil))
 }
 
 // Kill simulates a crash: the client stops renewing, its leases end at
