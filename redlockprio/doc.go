@@ -9,7 +9,11 @@
 // which implements [locks.Locker]; [Client.Semaphore] returns a
 // [Semaphore] ([locks.Semaphore]) of 1 to [MaxSemaphoreSize] slots per
 // name. Leases are [*Lease] values, which implement [locks.SlotLease]
-// (Slot is 0 for a Locker's lease, 1 to size for a Semaphore's). The
+// (Slot is 0 for a Locker's lease, 1 to size for a Semaphore's). A
+// Locker's lease holds the name's first slot at the masters: a Locker
+// excludes other Lockers and Semaphores of size 1, but a Semaphore of
+// size 2 or more may hold its other slots beside it. Use one kind per
+// name. The
 // Locker and Semaphores implement [driver.Observable]: they report
 // [driver.EventQuorumError] (one per failing master of a step),
 // [driver.EventTheft] and [driver.EventAckWait] besides the kit's renewal
