@@ -322,6 +322,14 @@ type leaseOverride struct {
 	release func(context.Context) error
 }
 
+// Slot is the overridden lease's.
+func (l leaseOverride) Slot() int {
+	if sl, ok := l.Lease.(locks.SlotLease); ok {
+		return sl.Slot()
+	}
+	return 0
+}
+
 func (l *leaseOverride) Context() context.Context {
 	if l.ctx != nil {
 		return l.ctx

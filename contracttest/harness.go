@@ -59,6 +59,12 @@ type Capabilities struct {
 	// Semaphore is true when clients make Semaphores.
 	Semaphore bool
 
+	// MaxSemaphoreSize is the largest size a client's Semaphore takes (the
+	// backend's exported MaxSemaphoreSize); zero means no cap. The suite
+	// checks that it is taken and that 0 and one more are refused with
+	// [locks.ErrInvalidOption].
+	MaxSemaphoreSize int
+
 	// CrashRecovery bounds how long after Kill(holder) another client can
 	// hold the holder's names. The suite checks it with a margin of a
 	// quarter of the bound plus 250ms for scheduling.

@@ -130,6 +130,11 @@ func testTryLockHeld(t testing.TB, nh NewHarness) {
 	name := e.name()
 	a, b := e.newClientLocker(), e.newClientLocker()
 	lease := e.mustTryLock(a, name)
+	if sl, ok := lease.(locks.SlotLease); !ok {
+		t.Errorf("a Locker's lease is a %T, not a locks.SlotLease", lease)
+	} else if n := sl.Slot(); n != 0 {
+		t.Errorf("a Locker's lease reports Slot() = %d, want 0", n)
+	}
 	start := time.Now()
 	e.expectHeld(b, name, "while another client holds the name")
 	e.expectHeld(a, name, "from the holder's own client (leases are not reentrant)")

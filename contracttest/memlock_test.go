@@ -42,11 +42,12 @@ func (c *memClient) Close() error {
 func newMemHarness(ctx context.Context, t testing.TB) (Harness, error) {
 	const ttl = 300 * time.Millisecond
 	return &memHarness{store: memlock.New(), ttl: ttl, caps: Capabilities{
-		Fencing:       true,
-		Semaphore:     true,
-		CrashRecovery: ttl,
-		LossDetection: 50 * time.Millisecond, // memlock ends a killed client's leases at once
-		InvalidNames:  []string{"bad\x00name", string([]byte{0xff})},
+		MaxSemaphoreSize: memlock.MaxSemaphoreSize,
+		Fencing:          true,
+		Semaphore:        true,
+		CrashRecovery:    ttl,
+		LossDetection:    50 * time.Millisecond, // memlock ends a killed client's leases at once
+		InvalidNames:     []string{"bad\x00name", string([]byte{0xff})},
 	}}, nil
 }
 

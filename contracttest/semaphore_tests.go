@@ -28,8 +28,8 @@ func testSemaphoreLimit(t testing.TB, nh NewHarness) {
 			slots[sl.Slot()] = true
 		}
 	}
-	if len(slots) == 0 {
-		e.skippedPart("the slot numbers of the held slots", "the semaphore's leases are not locks.SlotLeases")
+	if len(slots) != len(held) {
+		t.Errorf("%d of %d semaphore leases are locks.SlotLeases: every lease must say its slot", len(slots), len(held))
 	}
 	extra := e.newClientSemaphore(semSize)
 	ctx, cancel := e.opCtx()
@@ -128,5 +128,30 @@ func testSemaphoreCancellation(t testing.TB, nh NewHarness) {
 	}
 	for _, lease := range held {
 		e.mustRelease(lease)
+	}
+}
+
+// testSemaphoreSizes: a Semaphore of the backend's largest size is made,
+// and sizes 0 and one past it are refused with ErrInvalidOption.
+func testSemaphoreSizes(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	if !e.caps.Semaphore {
+		t.Skip("the backend has no semaphores")
+	}
+	c := e.newClient()
+	bad := []int{0, -1}
+	if max := e.caps.MaxSemaphoreSize; max > 0 {
+		if _, err := c.Semaphore(e.ctx, max); err != nil {
+			t.Errorf("Semaphore(%d), the stated largest size: %v", max, err)
+		}
+		bad = append(bad, max+1)
+	} else {
+		e.skippedPart("the largest size", "Capabilities.MaxSemaphoreSize is 0 (no cap stated)")
+	}
+	for _, size := range bad {
+		if _, err := c.Semaphore(e.ctx, size); !errors.Is(err, locks.ErrInvalidOption) {
+			t.Errorf("Semaphore(%d) = %v, want an error matching locks.ErrInvalidOption", size, err)
+		}
 	}
 }

@@ -55,6 +55,7 @@ var conformanceTests = []conformanceTest{
 	{"LossOnRevoke", testLossOnRevoke},
 	{"Preemption", testPreemption},
 	{"SemaphoreLimit", testSemaphoreLimit},
+	{"SemaphoreSizes", testSemaphoreSizes},
 	{"SemaphoreExclusion", testSemaphoreExclusion},
 	{"SemaphoreCancellation", testSemaphoreCancellation},
 	{"Closed", testClosed},

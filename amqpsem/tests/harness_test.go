@@ -176,10 +176,11 @@ func (h *harness) Kill(ctx context.Context, c contracttest.Client) error {
 
 func (h *harness) Capabilities() contracttest.Capabilities {
 	caps := contracttest.Capabilities{
-		Fencing:       false,
-		Semaphore:     true,
-		InvalidNames:  []string{strings.Repeat("x", 256), "amq.reserved", "bad\x00name", string([]byte{0xff})},
-		CrashRecovery: time.Second,
+		MaxSemaphoreSize: amqpsem.MaxSemaphoreSize,
+		Fencing:          false,
+		Semaphore:        true,
+		InvalidNames:     []string{strings.Repeat("x", 256), "amq.reserved", "bad\x00name", string([]byte{0xff})},
+		CrashRecovery:    time.Second,
 		// A paused holder's socket stays open: the broker drops it after
 		// two or three missed heartbeats.
 		PauseRecovery: 3*testHeartbeat + 500*time.Millisecond,

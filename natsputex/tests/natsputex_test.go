@@ -159,8 +159,9 @@ func (h *harness) Kill(_ context.Context, c contracttest.Client) error {
 
 func (h *harness) Capabilities() contracttest.Capabilities {
 	return contracttest.Capabilities{
-		Fencing:   true,
-		Semaphore: true,
+		MaxSemaphoreSize: natsputex.MaxSemaphoreSize,
+		Fencing:          true,
+		Semaphore:        true,
 		// T of silence seen by the waiter, C confirmation intervals, and
 		// two more intervals for the watch and scheduling.
 		CrashRecovery: (testF + testC + 2) * testR,

@@ -125,10 +125,11 @@ func (h *harness) Kill(_ context.Context, c contracttest.Client) error {
 
 func (h *harness) Capabilities() contracttest.Capabilities {
 	return contracttest.Capabilities{
-		Fencing:       true,
-		Semaphore:     true,
-		CrashRecovery: testTTL + 100*time.Millisecond,
-		LossDetection: 2 * testRenew,
+		MaxSemaphoreSize: redlockprio.MaxSemaphoreSize,
+		Fencing:          true,
+		Semaphore:        true,
+		CrashRecovery:    testTTL + 100*time.Millisecond,
+		LossDetection:    2 * testRenew,
 		// A call whose context ends deletes what its attempt got before
 		// it returns, waiting up to the call timeout (by default
 		// testTTL/10, at least 200ms) for a master that does not answer.
