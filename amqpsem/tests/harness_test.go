@@ -319,14 +319,31 @@ func (r recSem) TryAcquire(ctx context.Context, name string) (locks.Lease, error
 }
 
 // semLocker is a one-slot semaphore seen as a Locker.
+// semLocker is a Semaphore of size 1 used as a Locker; its leases say
+// Slot 0, as a Locker's do (asLock).
 type semLocker struct{ s locks.Semaphore }
 
 func (l semLocker) Lock(ctx context.Context, name string) (locks.Lease, error) {
-	return l.s.Acquire(ctx, name)
+	return asLock(l.s.Acquire(ctx, name))
 }
 
 func (l semLocker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
-	return l.s.TryAcquire(ctx, name)
+	return asLock(l.s.TryAcquire(ctx, name))
+}
+
+// lockLease is a semaphore slot held as a lock.
+type lockLease struct{ locks.Lease }
+
+func (lockLease) Slot() int { return 0 }
+
+// Unwrap returns the semaphore's lease, for the tests that look at its queue.
+func (l lockLease) Unwrap() locks.Lease { return l.Lease }
+
+func asLock(l locks.Lease, err error) (locks.Lease, error) {
+	if err != nil {
+		return nil, err
+	}
+	return lockLease{l}, nil
 }
 
 // TestConformanceMutex runs the suite on the exclusive-queue Mutex, each
