@@ -24,6 +24,5 @@ func (h *harness) NewFaultyClient(ctx context.Context) (contracttest.Client, con
 // a Lock that outlives its context.
 func TestFaultSuiteCatchesDefects(t *testing.T) {
 	nh := newHarness(blackHole, false)
-	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.LateLossSignal), "PausedHolder", "PartitionedHolder")
-	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.OverrunsContext), "AmbiguousAcquire")
+	contracttest.RunDefectTests(t, nh)
 }

@@ -49,6 +49,5 @@ func TestFaultSuiteCatchesDefects(t *testing.T) {
 	bucket := uniqueBucket("defect")
 	prepareBucket(t, url, bucket)
 	nh := newHarnessFunc(url, bucket)
-	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.LateLossSignal), "PausedHolder", "PartitionedHolder")
-	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.OverrunsContext), "AmbiguousAcquire")
+	contracttest.RunDefectTests(t, nh)
 }

@@ -40,6 +40,5 @@ func (h *harness) NewFaultyClient(context.Context) (contracttest.Client, contrac
 // late, and a Lock that outlives its context.
 func TestFaultSuiteCatchesDefects(t *testing.T) {
 	nh := harnessOn(addrsOf(testenv.StartRedis(t, 3)))
-	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.LateLossSignal), "PausedHolder", "PartitionedHolder")
-	contracttest.MustCatch(t, contracttest.Defective(nh, contracttest.OverrunsContext), "AmbiguousAcquire")
+	contracttest.RunDefectTests(t, nh)
 }
