@@ -54,6 +54,7 @@ type Admin struct {
 	c     *session // of one call; see bind
 	opts  options
 	mutex *Locker
+	scan  *prober // a scan's probes on a connection of its own; see scanning
 }
 
 // bind returns a bound to the client's live session, for one call,
@@ -124,7 +125,7 @@ func (a *Admin) firstMissing(ctx context.Context, from, limit int, queue func(in
 		for i := lo; i <= hi; i++ {
 			qs = append(qs, queue(i))
 		}
-		got, _, err := a.c.probes.probe(ctx, qs...)
+		got, _, err := a.prober().probe(ctx, qs...)
 		if err != nil {
 			return 0, err
 		}
@@ -190,7 +191,7 @@ func (a *Admin) otherLayouts(ctx context.Context, name string) ([]otherLayout, e
 			cand = append(cand, otherLayout{l.name(), q})
 		}
 	}
-	found, err := existing(ctx, a.c.probes, cand, func(o otherLayout) string { return o.queue })
+	found, err := existing(ctx, a.prober(), cand, func(o otherLayout) string { return o.queue })
 	if err != nil {
 		return nil, errorf("amqpsem: layouts of %q: %w", name, err)
 	}

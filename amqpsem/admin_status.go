@@ -30,7 +30,11 @@ type Status struct {
 // which slots above C, removed, are still held, whatever their number:
 // it checks the holder queue of every slot up to the name's
 // [Layout.SlotLimit] (65535 probes, pipelined: about a second on a local
-// broker). It does not take the mutex.
+// broker). It does not take the mutex. The probes go over a short-lived
+// connection of their own, dialled with the client's URL and options, so
+// that they do not delay the verification of the client's leases; when
+// that connection cannot be dialled, they go over the client's, as the
+// answer is the same.
 func (a *Admin) Status(ctx context.Context, name string) (Status, error) {
 	lay := a.opts.layout
 	if err := lay.checkSemName(name); err != nil {
@@ -40,28 +44,33 @@ func (a *Admin) Status(ctx context.Context, name string) (Status, error) {
 	if err != nil {
 		return Status{}, errorf("amqpsem: status of %q: %w", name, err)
 	}
-	others, err := a.otherLayouts(ctx, name)
-	if err != nil {
-		return Status{}, err
-	}
-	c, err := a.max(ctx, name)
-	if err != nil {
-		return Status{}, err
-	}
-	st := Status{Layout: lay.name(), Slots: c}
-	for _, o := range others {
-		st.OtherLayouts = append(st.OtherLayouts, o.layout)
-	}
-	held, err := a.heldBetween(ctx, name, 1, lay.SlotLimit(name))
-	if err != nil {
-		return Status{}, err
-	}
-	for _, i := range held {
-		if i <= c {
-			st.Held = append(st.Held, i)
-		} else {
-			st.Removed = append(st.Removed, i)
+	st := Status{Layout: lay.name()}
+	err = a.scanning(ctx, func(ctx context.Context, a *Admin) error {
+		others, err := a.otherLayouts(ctx, name)
+		if err != nil {
+			return err
 		}
+		for _, o := range others {
+			st.OtherLayouts = append(st.OtherLayouts, o.layout)
+		}
+		if st.Slots, err = a.max(ctx, name); err != nil {
+			return err
+		}
+		held, err := a.heldBetween(ctx, name, 1, lay.SlotLimit(name))
+		if err != nil {
+			return err
+		}
+		for _, i := range held {
+			if i <= st.Slots {
+				st.Held = append(st.Held, i)
+			} else {
+				st.Removed = append(st.Removed, i)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Status{}, errorf("amqpsem: status of %q: %w", name, err)
 	}
 	return st, nil
 }
@@ -77,7 +86,7 @@ func (a *Admin) heldBetween(ctx context.Context, name string, lo, hi int) ([]int
 
 // heldOf returns the slots of slots whose B queue exists.
 func (a *Admin) heldOf(ctx context.Context, name string, slots []int) ([]int, error) {
-	held, err := existing(ctx, a.c.probes, slots, func(i int) string { return a.opts.layout.Holder(name, i) })
+	held, err := existing(ctx, a.prober(), slots, func(i int) string { return a.opts.layout.Holder(name, i) })
 	if err != nil {
 		return nil, errorf("amqpsem: holders of %q: %w", name, err)
 	}
@@ -119,6 +128,15 @@ func above(slots []int, c int) []int {
 // name's administration mutex (a [Locker] lease on name), which would make
 // it wait until ctx ends.
 //
+// The mutex is held on the client's connection, but the probes of each
+// check of every slot number (and of a poll over more than a thousand
+// newly removed slots) go over a short-lived connection of their own,
+// dialled with the client's URL and options before the mutex is taken and
+// closed when the check ends, so that they do not delay the verification
+// of the client's leases, the mutex's included. When that connection
+// cannot be dialled, the probes go over the client's, as the answer is the
+// same; when it is lost during a check, WaitReleased fails.
+//
 // What it cannot see: a slot taken after its last check. A client of this
 // package that found a slot before its removal and declares the slot's
 // holder queue after that check verifies the slot, finds it gone and lets
@@ -159,7 +177,7 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 				return struct{}{}, err
 			}
 			if c+1 < from {
-				more, err := a.heldBetween(ctx, name, c+1, from-1)
+				more, err := a.heldRange(ctx, name, c+1, from-1)
 				if err != nil {
 					return struct{}{}, err
 				}
@@ -201,23 +219,33 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 // slots from C+1 to the name's [Layout.SlotLimit] whose holder queue
 // exists. When the mutex is lost before the check ends, C may have
 // changed during it: it returns an error matching [locks.ErrNotAcquired],
-// to check again.
+// to check again. The mutex is held on the client's connection; the
+// probes go over a connection of their own (see scanning), dialled before
+// the mutex is taken.
 func (a *Admin) heldAbove(ctx context.Context, name string, noticed *bool) (int, []int, error) {
-	lease, err := a.lockAdmin(ctx, name, noticed)
-	if err != nil {
-		return 0, nil, errorf("amqpsem: wait for %q: administration mutex: %w", name, err)
-	}
-	defer func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
-	c, err := a.max(ctx, name)
+	var (
+		c    int
+		held []int
+	)
+	err := a.scanning(ctx, func(ctx context.Context, a *Admin) error {
+		lease, err := a.lockAdmin(ctx, name, noticed)
+		if err != nil {
+			return errorf("amqpsem: wait for %q: administration mutex: %w", name, err)
+		}
+		defer func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
+		if c, err = a.max(ctx, name); err != nil {
+			return err
+		}
+		if held, err = a.heldBetween(ctx, name, c+1, a.opts.layout.SlotLimit(name)); err != nil {
+			return err
+		}
+		if cause := context.Cause(lease.Context()); cause != nil {
+			return &locks.HeldError{Name: name, Err: fmt.Errorf("administration mutex lost during the check of every slot: %w", cause)}
+		}
+		return nil
+	})
 	if err != nil {
 		return 0, nil, err
-	}
-	held, err := a.heldBetween(ctx, name, c+1, a.opts.layout.SlotLimit(name))
-	if err != nil {
-		return 0, nil, err
-	}
-	if cause := context.Cause(lease.Context()); cause != nil {
-		return 0, nil, &locks.HeldError{Name: name, Err: fmt.Errorf("administration mutex lost during the check of every slot: %w", cause)}
 	}
 	return c, held, nil
 }
