@@ -46,7 +46,10 @@
 // [Admin.Status] and [Admin.WaitReleased] find every held removed slot
 // whatever its number: they check the holder queue of every slot number
 // up to the name's [Layout.SlotLimit] (65535 probes, pipelined, about a
-// second on a local broker and a few under the race detector).
+// second on a local broker and a few under the race detector), on a
+// short-lived connection of their own, so that the probes do not delay
+// the verifications of the client's leases (without one, when the broker
+// refuses it, on the client's connection).
 // WaitReleased returns nil only after such a check made holding the
 // administration mutex, so that no administrator can change C during it:
 // also when, during the wait, the semaphore grew, a client took one of
