@@ -47,8 +47,8 @@ func (l *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) 
 func (l *Locker) Unwrap() locks.Locker { return l.inner }
 
 // StopEvents ends the wrapper's subscription to the backend's events;
-// calls and leases are still recorded. It is idempotent, safe for
-// concurrent use, and must not be called from an event observer. A
+// calls and leases are still recorded. It is idempotent and safe for
+// concurrent use, also from an event observer. A
 // wrapper that lives as long as its backend's client need not call it:
 // the subscription holds no goroutine.
 func (l *Locker) StopEvents() { l.c.stopEvents() }
