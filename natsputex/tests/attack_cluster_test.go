@@ -42,7 +42,16 @@ func TestAttackClusterLeaderStopMidTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := newGrants()
-	held, err := crashed.Locker().TryLock(context.Background(), "job")
+	// The first write may find the new cluster's stream between leaders
+	// ("no response from stream", seen under load): try again briefly.
+	var held locks.Lease
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		held, err = crashed.Locker().TryLock(context.Background(), "job")
+		if err == nil || errors.Is(err, locks.ErrNotAcquired) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

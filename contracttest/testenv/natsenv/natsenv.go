@@ -41,10 +41,16 @@ import (
 // server state, not a leak of the client's, which leak checks of the client
 // should ignore (see contracttest.LeakFilter). The options also match the
 // goroutine natsenv waits for a server process with ([ServerConfig.Binary]),
-// which a restart during a test starts.
+// which a restart during a test starts, and the goroutines of the routes
+// between a cluster's nodes, which a cluster re-creates when a route
+// reconnects (seen during a conformance run on a loaded machine).
 func ConsumerGoroutines() []goleak.Option {
 	const consumer = "github.com/nats-io/nats-server/v2/server.(*consumer)."
-	opts := []goleak.Option{goleak.IgnoreAnyFunction("github.com/latchkey-go/latchkey/contracttest/testenv/natsenv.(*proc).wait")}
+	opts := []goleak.Option{
+		goleak.IgnoreAnyFunction("github.com/latchkey-go/latchkey/contracttest/testenv/natsenv.(*proc).wait"),
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).createRoute.func1"),
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).createRoute.func2"),
+	}
 	for _, f := range []string{"loopAndGatherMsgs", "processInboundAcks", "processInboundNextMsgReqs", "loopAndForwardProposals"} {
 		opts = append(opts, goleak.IgnoreAnyFunction(consumer+f))
 	}
