@@ -242,13 +242,14 @@ func (c *Client) notice(vid, reply, thief string) {
 		lease.End(cause)
 	}
 	c.goTracked(func() {
-		// A Client closing has let go of every lease (its Close stops
-		// the workers only once the releases are over): that is an
-		// acknowledgement too.
+		// An attempt that never settled (a thief still waiting for its own
+		// victims when its Client closed) acknowledges nothing: its keys
+		// stay until its victims' validity has run out.
 		if ackable != nil {
 			select {
 			case <-ackable:
 			case <-c.done:
+				return
 			}
 		}
 		if lease != nil && !c.o.immediate {
@@ -260,6 +261,8 @@ func (c *Client) notice(vid, reply, thief string) {
 			case <-holderDone:
 			case <-t.C:
 			case <-c.done:
+				t.Stop()
+				return
 			}
 			t.Stop()
 		}
