@@ -2,7 +2,6 @@ package memlock
 
 import (
 	"context"
-	"errors"
 
 	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/locks/driver"
@@ -96,11 +95,6 @@ func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, e
 // Observe implements [driver.Observable] with the client's events.
 func (s *Semaphore) Observe(fn func(driver.Event)) (stop func()) { return s.c.reg.Observe(fn) }
 
-// wrap gives err the one shape of errors, naming name once: a
-// [locks.HeldError] names it already.
-func wrap(op, name string, err error) error {
-	if _, ok := errors.AsType[*locks.HeldError](err); ok {
-		name = ""
-	}
-	return driver.Errorf(backend, op, name, err)
-}
+// wrap gives err the one shape of errors ([driver.Errorf], which names
+// name once).
+func wrap(op, name string, err error) error { return driver.Errorf(backend, op, name, err) }
