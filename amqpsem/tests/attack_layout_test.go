@@ -132,8 +132,8 @@ func TestAttackLayoutCommandEnv(t *testing.T) {
 		t.Errorf("status in the default layout of a python semaphore does not say so: exit %d: %s", code, out)
 	}
 	out, code = atkRun(t, 15*time.Second, py, "--layout", "bogus", "status", name)
-	if code != 2 {
-		t.Errorf("--layout bogus: exit %d: %s", code, out)
+	if code != 64 {
+		t.Errorf("--layout bogus: exit %d, want 64 (usage): %s", code, out)
 	}
 	out, code = atkRun(t, 15*time.Second, append(env, "AMQPSEM_LAYOUT=Python "), "create", name+"z", "1")
 	t.Logf("AMQPSEM_LAYOUT='Python ': %d %s", code, out)

@@ -97,6 +97,26 @@ func waitGone(t *testing.T, pid int, d time.Duration) {
 	}
 }
 
+// TestExitCodes pins the documented codes every command shares: the
+// usage code is sysexits' EX_USAGE, never 2, which the Go runtime exits
+// with on a panic or SIGQUIT.
+func TestExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		got, want int
+	}{
+		{"ExitOK", command.ExitOK, 0},
+		{"ExitError", command.ExitError, 1},
+		{"ExitNotAcquired", command.ExitNotAcquired, 3},
+		{"ExitLost", command.ExitLost, 4},
+		{"ExitUsage", command.ExitUsage, 64},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s = %d, want %d", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
 func TestExitCodePassedOn(t *testing.T) {
 	for _, tc := range []struct {
 		script string

@@ -12,9 +12,11 @@
 // a crash), before their lease runs out at the broker.
 //
 // The exit codes of the commands built on this package are the constants
-// [ExitError], [ExitUsage], [ExitNotAcquired] and [ExitLost]; otherwise a
-// command run under a lease passes on the exit status of what it ran,
-// 128+N when that was killed by signal N, as shells report it ([ExitCode]).
+// [ExitOK], [ExitError], [ExitUsage] (64, sysexits' EX_USAGE: 2 is the Go
+// runtime's on a panic or SIGQUIT), [ExitNotAcquired] and [ExitLost];
+// otherwise a command run under a lease passes on the exit status of what
+// it ran, 128+N when that was killed by signal N, as shells report it
+// ([ExitCode]).
 //
 // Process groups, signals and the reaper need Unix; elsewhere the command
 // alone is signalled and [StartReaper] returns an error. A command run in

@@ -253,7 +253,7 @@ func TestNatslockPaused(t *testing.T) {
 }
 
 // TestNatslockBadInput: natslock checks every argument before it connects
-// and exits with status 2 and a message naming the problem. Nothing
+// and exits with status 64 and a message naming the problem. Nothing
 // listens on its NATS URL: a natslock that connected first would fail
 // with status 1.
 func TestNatslockBadInput(t *testing.T) {

@@ -92,7 +92,7 @@ Messages:
   each: --log-format text (the default: time=... level=... msg=...
   key=value) or json (one JSON object a line). Every line has the fields
   command (the verb) and name (the semaphore's), and, where they apply,
-  slot and error. Usage errors (exit code 2), found before any I/O, are
+  slot and error. Usage errors (exit code 64), found before any I/O, are
   plain lines "amqpsem: ...".
 
 Environment:
@@ -103,14 +103,16 @@ Exit codes:
   0  success (acquire: CMD succeeded)
   1  error (broker unreachable, refused; no such semaphore; a semaphore of the
      other layout in the way; ...)
-  2  usage error (bad flags, arguments, names or sizes)
   3  not acquired: every slot held (--try), or --timeout passed (while
      connecting too)
   4  acquire: the slot was lost while CMD ran (CMD was sent SIGTERM, and
      SIGKILL if it had not exited after --grace)
+  64 usage error (bad flags, arguments, names or sizes; sysexits' EX_USAGE)
   acquire otherwise exits with CMD's own exit status, or 128+N when CMD was
   killed by signal N. These are the codes of every command that runs a
-  command under a lease (redlockrun's too).
+  command under a lease (redlockrun's too); 0, 1 and 64 are natslock's too.
+  amqpsem's own codes avoid 2, which the Go runtime exits with on a panic
+  or SIGQUIT (a CMD that exits 2 still has its 2 passed on).
 
 Flags:
 `

@@ -193,9 +193,10 @@ func TestCommand(t *testing.T) {
 
 	expect(0, "Usage:", "--help")
 	expect(0, "-log-format", "--help")
-	expect(2, "missing NAME", "status")
-	expect(2, "bad slot count", "create", name, "0")
-	expect(2, "invalid name", "create", "amq.nope", "2")
+	expect(0, "64 usage error", "--help")
+	expect(64, "missing NAME", "status")
+	expect(64, "bad slot count", "create", name, "0")
+	expect(64, "invalid name", "create", "amq.nope", "2")
 	expect(1, "", "--url", "amqp://guest:guest@127.0.0.1:1/", "status", name)
 
 	expect(0, "created "+name+" with 2 slots", "create", name, "2")
@@ -250,20 +251,21 @@ func TestCommand(t *testing.T) {
 	expect(0, "no removed slot", "--timeout", "10s", "wait", name)
 	expect(0, "from 1 to 3 slots", "resize", name, "+2")
 	expect(0, "from 3 to 2 slots", "resize", name, "2")
-	expect(2, "", "resize", name, "-5")
+	expect(64, "", "resize", name, "-5")
 	expect(0, "destroyed "+name+" (2 slots)", "destroy", name)
 	expect(0, "no removed slot", "--timeout", "30s", "wait", name)
 	expect(1, "no semaphore", "status", name)
 }
 
-// Bad names, flags and TLS settings are usage errors (exit 2), found
+// Bad names, flags and TLS settings are usage errors (exit 64, sysexits'
+// EX_USAGE, not 2, the Go runtime's code on a panic or SIGQUIT), found
 // before connecting: the broker here is unreachable.
 func TestUsageBeforeDial(t *testing.T) {
 	bin := build(t)
 	const down = "amqp://guest:guest@127.0.0.1:1/"
 	_, expect := runner(t, bin)
 	expect(1, " level=ERROR msg=failed command=status name=fine error=", "--url", down, "status", "fine")
-	expect(2, "--log-format", "--url", down, "--log-format", "xml", "status", "fine")
+	expect(64, "--log-format", "--url", down, "--log-format", "xml", "status", "fine")
 	// --log-format json: one JSON object a line, with its fields.
 	out := expect(1, `"level":"ERROR"`, "--url", down, "--log-format", "json", "status", "fine")
 	var line map[string]any
@@ -272,21 +274,21 @@ func TestUsageBeforeDial(t *testing.T) {
 	} else if line["command"] != "status" || line["name"] != "fine" || line["error"] == nil || line["error"] == "" || line["time"] == nil {
 		t.Errorf("--log-format json: the line lacks time, command, name or error: %v", line)
 	}
-	expect(2, "invalid name", "--url", down, "create", "amq.nope", "2")
-	expect(2, "invalid name", "--url", down, "status", "looks-like-a-slot-1-A")
-	expect(2, "invalid name", "--url", down, "--layout", "python", "acquire", "jobs-B-2", "--", "true")
-	expect(2, "--connect-timeout", "--url", down, "--connect-timeout", "0s", "status", "fine")
-	expect(2, "--timeout", "--url", down, "--timeout", "-1s", "status", "fine")
-	expect(2, "--grace", "--url", down, "--grace", "-1s", "acquire", "fine", "--", "true")
-	expect(2, "heartbeat", "--url", down, "--heartbeat", "500ms", "status", "fine")
-	expect(2, "--url", "--url", "http://not-amqp/", "status", "fine")
+	expect(64, "invalid name", "--url", down, "create", "amq.nope", "2")
+	expect(64, "invalid name", "--url", down, "status", "looks-like-a-slot-1-A")
+	expect(64, "invalid name", "--url", down, "--layout", "python", "acquire", "jobs-B-2", "--", "true")
+	expect(64, "--connect-timeout", "--url", down, "--connect-timeout", "0s", "status", "fine")
+	expect(64, "--timeout", "--url", down, "--timeout", "-1s", "status", "fine")
+	expect(64, "--grace", "--url", down, "--grace", "-1s", "acquire", "fine", "--", "true")
+	expect(64, "heartbeat", "--url", down, "--heartbeat", "500ms", "status", "fine")
+	expect(64, "--url", "--url", "http://not-amqp/", "status", "fine")
 	// TLS flags with an amqp:// URL would be ignored.
-	expect(2, "amqps://", "--url", down, "--tls-insecure", "status", "fine")
-	expect(2, "amqps://", "--url", down, "--tls-server-name", "rabbit", "status", "fine")
+	expect(64, "amqps://", "--url", down, "--tls-insecure", "status", "fine")
+	expect(64, "amqps://", "--url", down, "--tls-server-name", "rabbit", "status", "fine")
 	// A key without its certificate, or the reverse.
 	const downTLS = "amqps://guest:guest@127.0.0.1:1/"
-	expect(2, "--tls-cert and --tls-key", "--url", downTLS, "--tls-key", "key.pem", "status", "fine")
-	expect(2, "--tls-cert and --tls-key", "--url", downTLS, "--tls-cert", "cert.pem", "status", "fine")
+	expect(64, "--tls-cert and --tls-key", "--url", downTLS, "--tls-key", "key.pem", "status", "fine")
+	expect(64, "--tls-cert and --tls-key", "--url", downTLS, "--tls-cert", "cert.pem", "status", "fine")
 	expect(1, "", "--url", downTLS, "--tls-insecure", "status", "fine")
 }
 

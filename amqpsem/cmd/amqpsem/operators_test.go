@@ -197,9 +197,9 @@ func TestCommandOperatorMessages(t *testing.T) {
 	run, expect := runner(t, bin, "--url", url)
 	t.Cleanup(func() { run("destroy", name) })
 
-	expect(2, `unknown command "stauts"`, "stauts", name)
-	expect(2, "missing NAME", "status")
-	expect(2, "no command", "--try")
+	expect(64, `unknown command "stauts"`, "stauts", name)
+	expect(64, "missing NAME", "status")
+	expect(64, "no command", "--try")
 	// A semaphore that does not exist is not "0 slots".
 	expect(1, "no semaphore "+name, "status", name)
 	expect(1, "no semaphore "+name, "destroy", name)

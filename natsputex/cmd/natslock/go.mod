@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv v0.1.0
+	github.com/latchkey-go/latchkey/locks v0.1.0
 	github.com/latchkey-go/latchkey/natsputex v0.1.0
 	github.com/nats-io/nats.go v1.53.1
 	github.com/prometheus/client_golang v1.25.0
@@ -36,7 +37,6 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/latchkey-go/latchkey/contracttest v0.1.0 // indirect
-	github.com/latchkey-go/latchkey/locks v0.1.0 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
 	github.com/moby/sys/user v0.3.0 // indirect

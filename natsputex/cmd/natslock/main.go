@@ -25,15 +25,22 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/latchkey-go/latchkey/locks/command"
 	"github.com/latchkey-go/latchkey/natsputex"
 )
 
-// Exit codes.
+// Exit codes: the runner's (package locks/command), shared with amqpsem
+// and redlockrun, for what the commands have in common: command.ExitOK
+// (stopped by a signal, the service stopped), command.ExitError (could not
+// connect, open the bucket, or run) and command.ExitUsage (64, bad flags
+// or arguments), and one of natslock's own.
 const (
-	exitOK         = 0  // stopped by a signal, the service stopped
-	exitFailed     = 1  // could not connect, open the bucket, or run
-	exitStopFailed = 3  // stopped by a signal, but the last stop command failed
-	exitUsage      = 64 // bad flags or arguments (sysexits' EX_USAGE)
+	// exitStopFailed: stopped by a signal, but the last stop command
+	// failed (the service may still run). natslock never acquires a lease
+	// and then runs one command under it (a node that does not get the
+	// key waits as a standby), so the runner's 3, command.ExitNotAcquired,
+	// cannot arise here and natslock gives 3 this meaning of its own.
+	exitStopFailed = 3
 )
 
 const usage = `natslock runs a service on at most one of several nodes, electing the node
@@ -152,6 +159,9 @@ Exit codes:
   3   stopped by a signal, but the last stop command failed: the service
       may still run
   64  bad flags or arguments (the message says which)
+  0, 1 and 64 mean the same for amqpsem and redlockrun. 3 is natslock's
+  own: theirs means "not acquired", and natslock does not acquire a lock
+  to run one command under it.
 
 Example:
   natslock -r 1s -f 3 -c 1 \
@@ -186,7 +196,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	logger, err := newLogger(stderr, cfg.logFormat, logLevel(cfg.verbose, cfg.quiet))
 	if err != nil { // parse has checked the format
 		fmt.Fprintf(stderr, "natslock: %v\n", err)
-		return exitUsage
+		return command.ExitUsage
 	}
 	logger = logger.With(slog.String("key", cfg.key), slog.String("token", cfg.token))
 	slog.SetDefault(logger) // what the libraries log with the log package
@@ -199,9 +209,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitStopFailed
 	case err != nil:
 		logger.Error("natslock ends", slog.String("error", err.Error()))
-		return exitFailed
+		return command.ExitError
 	}
-	return exitOK
+	return command.ExitOK
 }
 
 // flags are the command line's flags.
@@ -246,20 +256,20 @@ func parse(args []string, stdout, stderr io.Writer) (*config, int) {
 	f := newFlags(fs)
 	usageErr := func(format string, a ...any) (*config, int) {
 		fmt.Fprintf(stderr, "natslock: "+format+"\nRun natslock --help for usage.\n", a...)
-		return nil, exitUsage
+		return nil, command.ExitUsage
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, usage)
 			fs.SetOutput(stdout)
 			fs.PrintDefaults()
-			return nil, exitOK
+			return nil, command.ExitOK
 		}
 		return usageErr("%v", err)
 	}
 	if *f.version {
 		fmt.Fprintln(stdout, "natslock", versionString())
-		return nil, exitOK
+		return nil, command.ExitOK
 	}
 	if fs.NArg() != 4 {
 		return usageErr("want 4 arguments, <nats-url> <bucket> <key> <token>; got %d: %q", fs.NArg(), fs.Args())
@@ -285,7 +295,7 @@ func parse(args []string, stdout, stderr io.Writer) (*config, int) {
 		return usageErr("%v", err)
 	}
 	cfg.natsOpts = natsOptions(cfg.token, f)
-	return cfg, exitOK
+	return cfg, command.ExitOK
 }
 
 // checkFlags returns what is wrong with the flags, "" if nothing.

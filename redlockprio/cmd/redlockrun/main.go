@@ -58,19 +58,21 @@ Exit codes (those of every command that runs a command under a lease,
 amqpsem acquire's too):
   0  COMMAND succeeded
   1  error (a master refused or unreachable, COMMAND not found, ...)
-  2  usage error (bad flags, arguments or name)
   3  not acquired: the lock is held (-try), or -timeout passed
   4  the lock was lost while COMMAND ran (COMMAND was sent SIGTERM, and
      SIGKILL if it had not exited after -grace)
+  64 usage error (bad flags, arguments or name; sysexits' EX_USAGE)
   otherwise COMMAND's own exit status, or 128+N when COMMAND was killed by
-  signal N.
+  signal N. 0, 1 and 64 are natslock's too. redlockrun's own codes avoid
+  2, which the Go runtime exits with on a panic or SIGQUIT (a COMMAND that
+  exits 2 still has its 2 passed on).
 
 Messages:
   redlockrun's messages go to standard error through log/slog, one line
   each: -log-format text (the default: time=... level=... msg=...
   key=value) or json (one JSON object a line). Every line has the field
   name (the lock's), and, where they apply, token and error. Usage errors
-  (exit code 2), found before any I/O, are plain lines "redlockrun: ...".
+  (exit code 64), found before any I/O, are plain lines "redlockrun: ...".
 
 Flags:
 `

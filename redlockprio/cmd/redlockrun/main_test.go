@@ -187,21 +187,23 @@ func readPid(t *testing.T, path string) int {
 	return pid
 }
 
-// TestUsage: usage errors exit 2 before any I/O, --help exits 0 and
+// TestUsage: usage errors exit 64 (sysexits' EX_USAGE, not 2, the Go
+// runtime's code on a panic or SIGQUIT) before any I/O, --help exits 0 and
 // documents the exit codes.
 func TestUsage(t *testing.T) {
 	bin := build(t)
 	expect(t, bin, 0, "Exit codes", "--help")
+	expect(t, bin, 0, "64 usage error", "--help")
 	expect(t, bin, 0, "-log-format", "--help")
-	expect(t, bin, 2, "want NAME -- COMMAND", "name")
-	expect(t, bin, 2, "want NAME -- COMMAND", "name", "true")
-	expect(t, bin, 2, "", "-nosuchflag", "name", "--", "true")
-	expect(t, bin, 2, "-grace", "-grace", "-1s", "name", "--", "true")
+	expect(t, bin, 64, "want NAME -- COMMAND", "name")
+	expect(t, bin, 64, "want NAME -- COMMAND", "name", "true")
+	expect(t, bin, 64, "", "-nosuchflag", "name", "--", "true")
+	expect(t, bin, 64, "-grace", "-grace", "-1s", "name", "--", "true")
 	// Two masters without -two-masters; a bad name: both before any I/O
 	// (nothing listens on port 1).
-	expect(t, bin, 2, "", "-addrs", "127.0.0.1:1,127.0.0.1:2", "name", "--", "true")
-	expect(t, bin, 2, "", "-addrs", "127.0.0.1:1", "bad{name}", "--", "true")
-	expect(t, bin, 2, "-log-format", "-log-format", "xml", "name", "--", "true")
+	expect(t, bin, 64, "", "-addrs", "127.0.0.1:1,127.0.0.1:2", "name", "--", "true")
+	expect(t, bin, 64, "", "-addrs", "127.0.0.1:1", "bad{name}", "--", "true")
+	expect(t, bin, 64, "-log-format", "-log-format", "xml", "name", "--", "true")
 	expect(t, bin, 1, " level=ERROR msg=failed name=name error=", "-addrs", "127.0.0.1:1", "name", "--", "true")
 	out := expect(t, bin, 1, `"level":"ERROR"`, "-log-format", "json", "-addrs", "127.0.0.1:1", "name", "--", "true")
 	// go-redis's own messages (failed dials) come through the logger too.
