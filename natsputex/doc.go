@@ -20,9 +20,9 @@
 // [driver.EventTakeover] when one of its calls (or Supervisors) takes a
 // key over from a silent holder, and [driver.EventConfirmation] when that
 // takeover is confirmed (Duration: the time since the takeover write).
-// The Locker and the Supervisor share one takeover-and-confirmation step
-// and one deadline machine, the kit's lease, extended by each write that
-// succeeds.
+// The Supervisor is built on the Locker's lease: its strokes are a
+// Lock's attempts with putex's parts added, and its hold is one of the
+// client's leases, renewed in the same rounds.
 //
 // # Protocol
 //

@@ -24,6 +24,7 @@ type lease struct {
 	mu        sync.Mutex
 	rev       uint64 // revision of the last successful write
 	uncertain bool   // the last write failed without a conflict: it may have landed
+	keep      bool   // a Supervisor's release leaves the key as it is (its Stop failed)
 }
 
 // handle is a lease as users see it: a [locks.SlotLease] with the

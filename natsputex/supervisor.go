@@ -118,21 +118,29 @@ type Service struct {
 // It is built on the Locker's lease: each stroke without the key is one
 // attempt of a Lock, with putex's parts added (the agent's fixed value,
 // its own token found in the key, a health check every stroke, the
-// hold-off after a failed Start); once it holds, the client's renewal
-// rounds renew the key like any lease's, and the agent starts the
-// service, watches the lease, and when it ends stops the service before
-// it blanks the key (the lease's release, also on [Client.Close]).
+// hold-off after a failed Start). Once it holds the key, the hold is a
+// lease of the client: the client's renewal rounds renew it with its
+// other leases (one health check per round for all of them, told
+// [Active]), and it ends like theirs, with a failed renewal or check, or
+// at its deadline; the agent starts the service, and when the hold ends
+// it stops the service before it blanks the key. That release is also
+// what [Client.Close] runs.
 //
 // Each pump stroke lasts at least R (or the shorter renewal period of the
-// package doc, when T minus the safety margin is under 2·R). An agent
-// that holds the key rewrites its token at the revision of its own last
-// write, every stroke, after its health check passes (told [Active]).
-// An agent that finds the key free (missing or blank) runs its health
-// check (told [Active]), writes its token at the revision it read, and
-// starts the service at once. An agent that finds another token stops its
-// service, runs its health check (told [Standby]) and waits until the
-// key has gone T = F·R without any write, by its own clock, then writes
-// its token at the revision it read (so only one waiter can win). After
+// package doc, when T minus the safety margin is under 2·R), unless the
+// key is freed meanwhile. An agent that holds the key reads it and
+// rewrites its token at the revision of its own last write, every
+// interval, after its health check passes (told [Active]); the renewals
+// go on while [Service.Start] runs. An agent that finds the key free
+// (missing or blank) runs its health check (told [Active]), writes its
+// token at the revision it read, and starts the service at once. An
+// agent that finds another token stops its service, runs its health
+// check (told [Standby]) every stroke and waits until the key has gone
+// T = F·R without any write (counted as a Lock counts it: from the
+// write's time by the server's clock when it first reads it, then by its
+// own: see the package doc), checks its health again (told [Standby]),
+// then writes its token at the revision it read (so only one waiter can
+// win). After
 // such a takeover the agent confirms: it starts the service only once C
 // intervals (C·R) have passed since the start of its first write of the
 // hold that it saw succeed, every write since having succeeded too. An

@@ -254,10 +254,24 @@ func (l *lease) renewAgent(ctx context.Context) driver.Renewal {
 // before this one has stopped). When Stop fails the key is not blanked.
 // It is also the release of [Client.Close].
 func (l *lease) releaseAgent(ctx context.Context) error {
+	l.mu.Lock()
+	keep := l.keep
+	l.mu.Unlock()
+	if keep {
+		return nil
+	}
 	if err := l.agent.stopService(ctx, false); err != nil {
 		return err
 	}
 	return l.agent.blank(ctx, l.lastRev(), l.c.o.ttl())
+}
+
+// keepKey makes the hold's release leave the key as it is: the agent's
+// Stop failed, and the service may still run.
+func (l *lease) keepKey() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.keep = true
 }
 
 // lastWrite returns the revision of the hold's last successful write,

@@ -99,20 +99,31 @@ func (s *Supervisor) endHold(ctx context.Context, l *lease, why string, cause er
 	if s.serviceUp() {
 		what = ": service stopped"
 	}
-	err := l.Release(context.WithoutCancel(ctx))
+	stopErr, err := s.letGo(ctx, l)
 	rev, uncertain := l.lastWrite()
 	s.mu.Lock()
 	s.lastRev = rev
 	s.pending = s.pending || uncertain
 	s.mu.Unlock()
-	if errors.Is(err, ErrStopFailed) {
-		s.event(PhaseStandby, why+": stopping the service failed; the key is not blanked, Stop is tried again next stroke", errors.Join(cause, err))
+	if stopErr != nil {
+		s.event(PhaseStandby, why+": stopping the service failed; the key is not blanked, Stop is tried again next stroke", errors.Join(cause, stopErr))
 		return
 	}
 	if cause == nil {
 		cause = err
 	}
 	s.event(PhaseStandby, why+what, cause)
+}
+
+// letGo stops the service, then releases the hold l: its key is blanked
+// unless Stop failed. Stop comes first, at once: the release waits for a
+// renewal under way, which may hang until T has passed. It returns Stop's
+// error and the release's.
+func (s *Supervisor) letGo(ctx context.Context, l *lease) (stopErr, err error) {
+	if stopErr = s.stopService(ctx, false); stopErr != nil {
+		l.keepKey()
+	}
+	return stopErr, l.Release(context.WithoutCancel(ctx))
 }
 
 // serviceUp says whether the service may be running: Start was called
@@ -210,9 +221,10 @@ func (s *Supervisor) shutdown(ctx context.Context, held *lease) error {
 	msg := "stopped"
 	var err error
 	if held != nil {
-		err = held.Release(context.WithoutCancel(ctx))
-		if !errors.Is(err, ErrStopFailed) && errors.Is(err, locks.ErrLost) {
-			err = nil // ended already (the client closed): its end was reported
+		var rerr error
+		err, rerr = s.letGo(ctx, held)
+		if err == nil && !errors.Is(rerr, locks.ErrLost) {
+			err = rerr // not ended already (the client closed): the blank's error
 		}
 	} else {
 		err = s.stopService(ctx, true)
