@@ -1,0 +1,746 @@
+package natsputex_test
+
+// Attacks on the Supervisor rebuilt on the Locker's lease: its hold is one
+// of the Client's leases, renewed in the Client's batched rounds (one
+// health check per round), whose release runs Stop before blanking the
+// key, and which Client.Close runs too; and on the kit's change that a
+// lease past its deadline stays ended. Most tests run on the NATS server
+// on 127.0.0.1:4222 (NATS 2.9 on the reference machine), each on a
+// memory bucket of its own.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/latchkey-go/latchkey/contracttest"
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
+	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/natsputex"
+)
+
+// atk4Env is a fresh memory bucket on the local NATS server (skipped if
+// none answers), deleted at the end, with a leak check.
+func atk4Env(t *testing.T) (url, bucket, key string) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, append(natsenv.ConsumerGoroutines(), ignore)...) })
+	url = localServer(t)
+	bucket = uniqueBucket("atk4")
+	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
+	t.Cleanup(func() { deleteBucket(url, bucket) })
+	return url, bucket, "spof-service"
+}
+
+// call4 is one call of a Service function.
+type call4 struct {
+	begin, end time.Time
+	left       time.Duration // ctx deadline − begin; -1: none
+	ctxErr     error         // the context's error when the call returned
+	err        error
+}
+
+// node4 is one agent whose Client the test holds: its service's section
+// in h opens when Start begins (a slow Start may have half started it)
+// and closes when a Stop that succeeds returns.
+type node4 struct {
+	t    *testing.T
+	name string
+	nc   *nats.Conn
+	c    *natsputex.Client
+	sup  *natsputex.Supervisor
+	h    *contracttest.History
+
+	runDone chan error
+	cancel  context.CancelFunc
+	runErr  error
+
+	failHC, hangHC     atomic.Bool // Active checks fail / hang until their ctx ends
+	failStop           atomic.Bool
+	failStart          atomic.Bool
+	startHonoursCtx    atomic.Bool
+	stopDelay          atomic.Int64
+	startDelay         atomic.Int64
+	hcActive, hcStandb atomic.Int32
+
+	mu     sync.Mutex
+	exit   func()
+	starts []call4
+	stops  []call4
+	events []natsputex.Event
+}
+
+// startNode4 connects to url, makes a Client with the suite's timing and
+// opts, a Supervisor of key with token, and runs it unless run is false.
+func startNode4(t *testing.T, url, bucket, key, name, token string, h *contracttest.History, run bool, opts ...natsputex.Option) *node4 {
+	t.Helper()
+	nc, js, err := connect(url, nats.IgnoreDiscoveredServers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node4{t: t, name: name, nc: nc, h: h, runDone: make(chan error, 1)}
+	base := []natsputex.Option{
+		natsputex.WithRenewInterval(testR), natsputex.WithFailureThreshold(testF), natsputex.WithConfirmations(testC),
+		natsputex.WithHealthCheck(func(ctx context.Context, s natsputex.State) error {
+			if s == natsputex.Standby {
+				n.hcStandb.Add(1)
+				return nil
+			}
+			n.hcActive.Add(1)
+			if n.hangHC.Load() {
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			if n.failHC.Load() {
+				return errors.New("unhealthy (test)")
+			}
+			return nil
+		}),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n.c, err = natsputex.New(ctx, js, bucket, append(base, opts...)...)
+	if err != nil {
+		nc.Close()
+		t.Fatal(err)
+	}
+	n.sup, err = n.c.Supervisor(key, token, natsputex.Service{
+		Start: func(ctx context.Context, token uint64) error {
+			cl := call4{begin: time.Now(), left: -1}
+			if d, ok := ctx.Deadline(); ok {
+				cl.left = d.Sub(cl.begin)
+			}
+			n.mu.Lock()
+			if n.exit == nil {
+				n.exit = h.Enter(name, token)
+			}
+			n.mu.Unlock()
+			if d := time.Duration(n.startDelay.Load()); d > 0 {
+				if n.startHonoursCtx.Load() {
+					cl.err = sleepCtx(ctx, d)
+				} else {
+					time.Sleep(d)
+				}
+			}
+			if cl.err == nil && n.failStart.Load() {
+				cl.err = errors.New("cannot start (test)")
+			}
+			cl.end, cl.ctxErr = time.Now(), ctx.Err()
+			n.mu.Lock()
+			n.starts = append(n.starts, cl)
+			n.mu.Unlock()
+			return cl.err
+		},
+		Stop: func(ctx context.Context) error {
+			cl := call4{begin: time.Now(), left: -1}
+			if d, ok := ctx.Deadline(); ok {
+				cl.left = d.Sub(cl.begin)
+			}
+			if n.failStop.Load() {
+				cl.err = errors.New("cannot stop (test)")
+			} else {
+				time.Sleep(time.Duration(n.stopDelay.Load()))
+			}
+			n.mu.Lock()
+			if cl.err == nil && n.exit != nil {
+				n.exit()
+				n.exit = nil
+			}
+			cl.end, cl.ctxErr = time.Now(), ctx.Err()
+			n.stops = append(n.stops, cl)
+			n.mu.Unlock()
+			return cl.err
+		},
+		Observe: func(e natsputex.Event) {
+			t.Logf("%s: %v", name, e)
+			n.mu.Lock()
+			n.events = append(n.events, e)
+			n.mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), time.Minute)
+	n.cancel = rcancel
+	if run {
+		n.run(rctx)
+	}
+	t.Cleanup(func() {
+		n.cancel()
+		if run {
+			n.wait(10 * time.Second)
+		}
+		_ = n.c.Close(context.Background())
+		n.nc.Close()
+	})
+	return n
+}
+
+func (n *node4) run(ctx context.Context) {
+	go func() { n.runDone <- n.sup.Run(ctx) }()
+}
+
+// wait waits up to within for Run to return and returns its error.
+func (n *node4) wait(within time.Duration) (error, bool) {
+	n.mu.Lock()
+	if n.runDone == nil {
+		defer n.mu.Unlock()
+		return n.runErr, true
+	}
+	ch := n.runDone
+	n.mu.Unlock()
+	select {
+	case err := <-ch:
+		n.mu.Lock()
+		n.runErr, n.runDone = err, nil
+		n.mu.Unlock()
+		return err, true
+	case <-time.After(within):
+		return nil, false
+	}
+}
+
+// kill crashes the agent: its service dies with it, its connection closes.
+func (n *node4) kill() {
+	n.mu.Lock()
+	if n.exit != nil {
+		n.exit()
+		n.exit = nil
+	}
+	n.mu.Unlock()
+	n.nc.Close()
+	n.cancel()
+}
+
+func (n *node4) running() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.exit != nil
+}
+
+func (n *node4) getStarts() []call4 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]call4(nil), n.starts...)
+}
+
+func (n *node4) getStops() []call4 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]call4(nil), n.stops...)
+}
+
+func (n *node4) sawEvent(f func(natsputex.Event) bool) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, e := range n.events {
+		if f(e) {
+			return true
+		}
+	}
+	return false
+}
+
+// firstStopAfter returns the first Stop call that began at or after t.
+func (n *node4) firstStopAfter(t time.Time) (call4, bool) {
+	for _, s := range n.getStops() {
+		if !s.begin.Before(t) {
+			return s, true
+		}
+	}
+	return call4{}, false
+}
+
+// writesAfter returns the writes the watch saw stored after t.
+func (w *keyWatch) writesAfter(t time.Time) []keyWrite {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []keyWrite
+	for _, kw := range w.writes {
+		if kw.created.After(t) {
+			out = append(out, kw)
+		}
+	}
+	return out
+}
+
+func (w *keyWatch) all() []keyWrite {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]keyWrite(nil), w.writes...)
+}
+
+func (w *keyWatch) logAll(t *testing.T, base time.Time) {
+	for _, kw := range w.all() {
+		t.Logf("write rev %d %q stored at %+v", kw.rev, kw.value, kw.created.Sub(base).Round(time.Millisecond))
+	}
+}
+
+// cutAfterRenewal waits for a write of token, sleeps half an interval
+// and calls cut, if no other write came meanwhile; it returns the time of
+// the cut.
+func cutAfterRenewal(t *testing.T, writes *keyWatch, token string, cut func()) time.Time {
+	t.Helper()
+	var at time.Time
+	waitFor(t, 5*time.Second, "a renewal of "+token+" to cut after", func() bool {
+		w, ok := writes.lastBy(token, time.Now())
+		if !ok || time.Since(w.seen) > testR/4 {
+			return false
+		}
+		time.Sleep(time.Until(w.seen.Add(testR / 2)))
+		if next, _ := writes.lastBy(token, time.Now()); next.rev != w.rev {
+			return false
+		}
+		cut()
+		at = time.Now()
+		return true
+	})
+	return at
+}
+
+// TestAttack4HungWhileActive: "A Supervisor cut off from NATS begins
+// Service.Stop at that same moment [its last successful write + T −
+// margin]; a standby starts its service no earlier than T + C·R after
+// that write", and "An active agent that has not renewed for T minus the
+// safety margin begins to stop its service by itself". node-a (R = 100ms,
+// F = 3, C = 2, margin 50ms: T − margin = 250ms) is active behind a proxy
+// when, halfway between two renewals, its health check starts to hang
+// (until its context ends, after T), its replies are dropped (the broker
+// hung for it: its renewals land, it hears nothing), or its link is
+// black-holed. Its Stop must begin no later than 250ms after the start
+// of its last write it could have heard answered (+30ms of slack), not
+// when the hanging check or renewal gives up; node-b, standby on a
+// direct link, must start no sooner than T + C·R = 500ms after node-a's
+// last write, and after node-a's Stop (220ms) returned.
+func TestAttack4HungWhileActive(t *testing.T) {
+	const (
+		C      = 2
+		margin = 50 * time.Millisecond
+		T      = testF * testR
+		slack  = 30 * time.Millisecond
+	)
+	for _, mode := range []string{"hc-hangs", "replies-dropped", "blackhole"} {
+		t.Run(mode, func(t *testing.T) {
+			url, bucket, key := atk4Env(t)
+			writes := watchWrites(t, url, bucket, key)
+			proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
+			h := contracttest.NewHistory(1)
+			opts := []natsputex.Option{natsputex.WithConfirmations(C), natsputex.WithSafetyMargin(margin)}
+			a := startNode4(t, "nats://"+proxy.Addr(), bucket, key, "node-a", "node-a", h, true, opts...)
+			a.stopDelay.Store(int64(220 * time.Millisecond))
+			waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+			b := startNode4(t, url, bucket, key, "node-b", "node-b", h, true, opts...)
+			waitFor(t, 5*time.Second, "node-b is standby", func() bool {
+				return b.sawEvent(func(e natsputex.Event) bool { return e.Holder == "node-a" })
+			})
+			time.Sleep(3 * testR)
+			cut := cutAfterRenewal(t, writes, "node-a", func() {
+				switch mode {
+				case "hc-hangs":
+					a.hangHC.Store(true)
+				case "replies-dropped":
+					proxy.DropReplies()
+				case "blackhole":
+					proxy.BlackHole()
+				}
+			})
+			waitFor(t, 3*time.Second, "node-a begins to stop its service", func() bool { _, ok := a.firstStopAfter(cut); return ok })
+			waitFor(t, 5*time.Second, "node-b starts its service", b.running)
+			stop, _ := a.firstStopAfter(cut)
+			bStart := b.getStarts()[0].begin
+			answered, _ := writes.lastBy("node-a", cut)
+			last, _ := writes.lastBy("node-a", bStart)
+			t.Logf("%s: last write stored before the cut rev %d %v before it; last of node-a's writes rev %d; node-a's Stop began %v after the first (T − margin = %v) and returned %v after it; node-b started %v after node-a's last write (T + C·R = %v)",
+				mode, answered.rev, cut.Sub(answered.created).Round(time.Millisecond), last.rev,
+				stop.begin.Sub(answered.created).Round(time.Millisecond), T-margin, stop.end.Sub(answered.created).Round(time.Millisecond),
+				bStart.Sub(last.created).Round(time.Millisecond), T+C*testR)
+			if d := stop.begin.Sub(answered.created); d > T-margin+slack {
+				t.Errorf("node-a began Stop %v after its last write that could have succeeded, later than T − margin = %v (+%v)", d.Round(time.Millisecond), T-margin, slack)
+			}
+			if d := bStart.Sub(last.created); d < T+C*testR {
+				t.Errorf("node-b started %v after node-a's last write, before T + C·R = %v", d.Round(time.Millisecond), T+C*testR)
+			}
+			if bStart.Before(stop.end) {
+				t.Errorf("node-b started %v before node-a's Stop returned", stop.end.Sub(bStart).Round(time.Millisecond))
+			}
+			proxy.Restore()
+			a.hangHC.Store(false)
+			time.Sleep(3 * testR)
+			b.cancel()
+			a.cancel()
+			a.wait(5 * time.Second)
+			b.wait(5 * time.Second)
+			if err := h.Check(); err != nil {
+				t.Errorf("services overlapped: %v", err)
+			}
+		})
+	}
+}
+
+// blanksAfter returns the blank writes the watch saw stored after t.
+func (w *keyWatch) blanksAfter(t time.Time) []keyWrite {
+	var out []keyWrite
+	for _, kw := range w.writesAfter(t) {
+		if kw.value == "" {
+			out = append(out, kw)
+		}
+	}
+	return out
+}
+
+// TestAttack4SharedClientHealthFails: one Client (R = 100ms, F = 3,
+// C = 1) holds three Locker leases and runs an active Supervisor (Stop
+// takes 200ms); node-b, standby on another client, and a waiting Lock per
+// name wait. "a check run before every renewal round of the client's
+// leases, once for all of them (told Active; a failure ends every one of
+// them at once, then clears their keys)"; the Supervisor's hold "is a
+// lease of the client: the client's renewal rounds renew it with its
+// other leases (one health check per round for all of them, told
+// Active)", and "once Stop has returned, the key is blanked". Before the
+// failure, the client's Active checks must number about one per R (not
+// one per lease, nor one more for the Supervisor); when the check fails,
+// the three leases must end within R (+50ms), the Supervisor's Stop begin
+// within R (+50ms), its key be blanked only after Stop returned, and
+// node-b start after that; the waiters get their names, never while the
+// holder's lease is live.
+func TestAttack4SharedClientHealthFails(t *testing.T) {
+	url, bucket, key := atk4Env(t)
+	writes := watchWrites(t, url, bucket, key)
+	h := contracttest.NewHistory(1)
+	a := startNode4(t, url, bucket, key, "node-a", "node-a", h, true, natsputex.WithHolderID("client-a"))
+	a.stopDelay.Store(int64(200 * time.Millisecond))
+	waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	names := []string{"job1", "job2", "job3"}
+	gs := make([]*grants, len(names))
+	ended := make([]atomic.Int64, len(names))
+	for i, name := range names {
+		l, err := a.c.Locker().TryLock(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs[i] = newGrants()
+		gs[i].grant("client-a", l)
+		go func() { <-l.Context().Done(); ended[i].Store(time.Now().UnixNano()) }()
+	}
+	b := startNode4(t, url, bucket, key, "node-b", "node-b", h, true)
+	waiter := newTestClient(t, url, bucket, natsputex.WithHolderID("waiter"))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := waiter.Locker().Lock(ctx, name)
+			if err != nil {
+				t.Errorf("waiter on %s: %v", name, err)
+				return
+			}
+			gs[i].grant("waiter", l)
+			_ = l.Release(context.Background())
+		}()
+	}
+	time.Sleep(3 * testR)
+	n0 := a.hcActive.Load()
+	time.Sleep(time.Second)
+	checks := a.hcActive.Load() - n0
+	t.Logf("client-a ran %d Active health checks in 1s (R = %v) for 3 leases and a Supervisor's hold", checks, testR)
+	if checks > 15 {
+		t.Errorf("client-a ran %d Active health checks in 1s with R = %v: not one per round for all its leases", checks, testR)
+	}
+	failAt := time.Now()
+	a.failHC.Store(true)
+	wg.Wait()
+	waitFor(t, 5*time.Second, "node-b starts its service", b.running)
+	for i := range ended {
+		at := ended[i].Load()
+		if at == 0 {
+			t.Errorf("client-a's lease on %s never ended", names[i])
+			continue
+		}
+		if d := time.Unix(0, at).Sub(failAt); d > testR+50*time.Millisecond {
+			t.Errorf("client-a's lease on %s ended %v after the check began to fail, beyond R (+50ms)", names[i], d.Round(time.Millisecond))
+		}
+	}
+	stop, ok := a.firstStopAfter(failAt)
+	if !ok {
+		t.Fatal("node-a never stopped its service")
+	}
+	bStart := b.getStarts()[0].begin
+	blanks := writes.blanksAfter(failAt)
+	t.Logf("node-a's Stop began %v and returned %v after the check began to fail; node-b started %v after it; %d blank(s) of the key",
+		stop.begin.Sub(failAt).Round(time.Millisecond), stop.end.Sub(failAt).Round(time.Millisecond), bStart.Sub(failAt).Round(time.Millisecond), len(blanks))
+	if d := stop.begin.Sub(failAt); d > testR+50*time.Millisecond {
+		t.Errorf("node-a's Stop began %v after its check began to fail, beyond R (+50ms)", d.Round(time.Millisecond))
+	}
+	if len(blanks) == 0 {
+		t.Error("node-a never blanked its key after its failed health check")
+	} else if blanks[0].created.Before(stop.end) {
+		t.Errorf("node-a's key was blanked %v before its Stop returned", stop.end.Sub(blanks[0].created).Round(time.Millisecond))
+	}
+	if bStart.Before(stop.end) {
+		t.Errorf("node-b started %v before node-a's Stop returned", stop.end.Sub(bStart).Round(time.Millisecond))
+	}
+	for _, g := range gs {
+		g.check(t)
+	}
+	b.cancel()
+	a.cancel()
+	a.wait(5 * time.Second)
+	b.wait(5 * time.Second)
+	if err := h.Check(); err != nil {
+		t.Errorf("services overlapped: %v", err)
+	}
+}
+
+// TestAttack4CloseWhileActive: Client.Close "ends every lease of the
+// client ... A running Supervisor's hold is one of those leases: Close
+// runs its Service.Stop and blanks its key only once Stop has returned
+// (not at all when Stop fails, which Close returns), and Run returns an
+// error matching locks.ErrClosed"; "when ctx ends first, Close returns an
+// error matching ctx.Err() and the rest finishes in the background";
+// Stop's "context ends after T + C·R, never sooner". node-a (R = 100ms,
+// F = 3, C = 2) is active with a Stop of 300ms; node-b is standby. Close
+// with a 20ms context (it must return by then, and Stop must still run to
+// its end with its own context), with a 5s one (it returns after Stop
+// and the blank), and with a Stop that fails (Close returns that error,
+// the key keeps node-a's write, node-b waits T + C·R).
+func TestAttack4CloseWhileActive(t *testing.T) {
+	const (
+		C = 2
+		T = testF * testR
+	)
+	for _, tc := range []struct {
+		name     string
+		within   time.Duration
+		stopFail bool
+		stop     time.Duration
+		shutdown bool // cancel Run's context instead of closing the client
+	}{
+		{"short-ctx", 20 * time.Millisecond, false, 300 * time.Millisecond, false},
+		{"long-ctx", 5 * time.Second, false, 300 * time.Millisecond, false},
+		{"long-ctx-stop-100ms", 5 * time.Second, false, 100 * time.Millisecond, false},
+		{"stop-fails", 5 * time.Second, true, 0, false},
+		{"run-cancelled", 0, false, 300 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, bucket, key := atk4Env(t)
+			writes := watchWrites(t, url, bucket, key)
+			h := contracttest.NewHistory(1)
+			a := startNode4(t, url, bucket, key, "node-a", "node-a", h, true, natsputex.WithConfirmations(C))
+			a.stopDelay.Store(int64(tc.stop))
+			waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+			b := startNode4(t, url, bucket, key, "node-b", "node-b", h, true, natsputex.WithConfirmations(C))
+			waitFor(t, 5*time.Second, "node-b is standby", func() bool {
+				return b.sawEvent(func(e natsputex.Event) bool { return e.Holder == "node-a" })
+			})
+			time.Sleep(2 * testR)
+			if tc.stopFail {
+				a.failStop.Store(true)
+			}
+			var err error
+			var took time.Duration
+			closed := time.Now()
+			if tc.shutdown {
+				a.cancel()
+			} else {
+				ctx, cancel := context.WithTimeout(context.Background(), tc.within)
+				err = a.c.Close(ctx)
+				took = time.Since(closed)
+				cancel()
+				t.Logf("Close took %v: %v", took.Round(time.Millisecond), err)
+			}
+			runErr, ok := a.wait(5 * time.Second)
+			if !ok {
+				t.Fatal("Run did not return within 5s of Close")
+			}
+			t.Logf("Run returned %v after Close began: %v", time.Since(closed).Round(time.Millisecond), runErr)
+			if want := locks.ErrClosed; !tc.shutdown && !errors.Is(runErr, want) {
+				t.Errorf("Run's error %v does not match locks.ErrClosed", runErr)
+			}
+			if tc.shutdown && !errors.Is(runErr, context.Canceled) {
+				t.Errorf("Run's error %v does not match context.Canceled", runErr)
+			}
+			waitFor(t, 5*time.Second, "node-b starts its service", b.running)
+			bStart := b.getStarts()[0].begin
+			stop, ok := a.firstStopAfter(closed)
+			if !ok {
+				t.Fatal("node-a's Stop was not called after Close")
+			}
+			blanks := writes.blanksAfter(closed)
+			last, _ := writes.lastBy("node-a", bStart)
+			t.Logf("node-a's Stop began %v after Close, context %v long, returned %v after Close (its context: %v); %d blank(s); node-b started %v after Close, %v after node-a's last write",
+				stop.begin.Sub(closed).Round(time.Millisecond), stop.left.Round(time.Millisecond), stop.end.Sub(closed).Round(time.Millisecond), stop.ctxErr,
+				len(blanks), bStart.Sub(closed).Round(time.Millisecond), bStart.Sub(last.created).Round(time.Millisecond))
+			for _, w := range writes.writesAfter(closed.Add(-testR)) {
+				t.Logf("write rev %d %q stored %v after Close", w.rev, w.value, w.created.Sub(closed).Round(time.Millisecond))
+			}
+			if stop.left >= 0 && stop.left < T+C*testR-5*time.Millisecond {
+				t.Errorf("the Stop run by Close has a context of %v, shorter than T + C·R = %v", stop.left.Round(time.Millisecond), T+C*testR)
+			}
+			if stop.ctxErr != nil {
+				t.Errorf("the context of the Stop run by Close had ended (%v) when it returned after %v", stop.ctxErr, stop.end.Sub(stop.begin).Round(time.Millisecond))
+			}
+			switch {
+			case tc.stopFail:
+				if !errors.Is(err, natsputex.ErrStopFailed) {
+					t.Errorf("Close = %v, want the failed Stop (ErrStopFailed)", err)
+				}
+				if len(blanks) > 0 {
+					t.Errorf("the key was blanked (rev %d) though node-a's Stop failed", blanks[0].rev)
+				}
+				if d := bStart.Sub(last.created); d < T+C*testR {
+					t.Errorf("node-b started %v after node-a's last write, before T + C·R = %v", d.Round(time.Millisecond), T+C*testR)
+				}
+			case tc.shutdown:
+			case tc.within < time.Second:
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Close with a %v context = %v, want an error matching context.DeadlineExceeded", tc.within, err)
+				}
+				if took > tc.within+150*time.Millisecond {
+					t.Errorf("Close with a %v context took %v", tc.within, took.Round(time.Millisecond))
+				}
+			default:
+				if err != nil {
+					t.Errorf("Close = %v", err)
+				}
+				if time.Now().Before(stop.end) || closed.Add(took).Before(stop.end) {
+					t.Errorf("Close returned before node-a's Stop did")
+				}
+			}
+			if !tc.stopFail {
+				if len(blanks) == 0 {
+					t.Error("node-a's key was not blanked after its Stop returned")
+				} else if blanks[0].created.Before(stop.end) {
+					t.Errorf("node-a's key was blanked %v before its Stop returned", stop.end.Sub(blanks[0].created).Round(time.Millisecond))
+				}
+				if bStart.Before(stop.end) {
+					t.Errorf("node-b started %v before node-a's Stop returned", stop.end.Sub(bStart).Round(time.Millisecond))
+				}
+				if d := bStart.Sub(stop.end); d > T {
+					t.Errorf("node-b started %v after node-a's Stop returned: as if the key had not been blanked", d.Round(time.Millisecond))
+				}
+				if err := h.Check(); err != nil {
+					t.Errorf("services overlapped: %v", err)
+				}
+			}
+			b.cancel()
+			b.wait(5 * time.Second)
+		})
+	}
+}
+
+// TestAttack4CloseWhileNotActive: Client.Close "does not wait for Run
+// itself, nor for a Stop of an agent that did not hold the key", and "a
+// confirmer that gives up, for any reason, never blanks the key". In
+// "standby", node-a (Stop 300ms) stands by while a Locker of another
+// client holds the key: Close must return at once, Run with ErrClosed,
+// and the Locker's lease and its write stay. In "confirming", node-c dies,
+// node-a (C = 6) takes its key over and, while it confirms, its client is
+// closed: node-a never starts, does not blank the key, Run returns
+// ErrClosed, and node-b (C = 1) starts no sooner than T + node-a's C·R
+// (300ms + 600ms) after node-a's last write.
+func TestAttack4CloseWhileNotActive(t *testing.T) {
+	const T = testF * testR
+	t.Run("standby", func(t *testing.T) {
+		url, bucket, key := atk4Env(t)
+		writes := watchWrites(t, url, bucket, key)
+		holder := newTestClient(t, url, bucket, natsputex.WithHolderID("locker"))
+		l, err := holder.Locker().TryLock(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = l.Release(context.Background()) }()
+		a := startNode4(t, url, bucket, key, "node-a", "node-a", contracttest.NewHistory(1), true)
+		waitFor(t, 5*time.Second, "node-a is standby", func() bool {
+			return a.sawEvent(func(e natsputex.Event) bool { return e.Holder != "" && e.Phase == natsputex.PhaseStandby })
+		})
+		time.Sleep(2 * testR)
+		a.stopDelay.Store(int64(300 * time.Millisecond))
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		closed := time.Now()
+		err = a.c.Close(ctx)
+		took := time.Since(closed)
+		runErr, ok := a.wait(5 * time.Second)
+		t.Logf("Close took %v: %v; Run returned (%t) %v after: %v", took.Round(time.Millisecond), err, ok, time.Since(closed).Round(time.Millisecond), runErr)
+		if err != nil {
+			t.Errorf("Close = %v", err)
+		}
+		if took > 150*time.Millisecond {
+			t.Errorf("Close of a standby agent took %v: it waited for its Stop (300ms)", took.Round(time.Millisecond))
+		}
+		if !ok || !errors.Is(runErr, locks.ErrClosed) {
+			t.Errorf("Run = %v (returned: %t), want an error matching ErrClosed", runErr, ok)
+		}
+		time.Sleep(2 * testR)
+		if l.Context().Err() != nil {
+			t.Errorf("the Locker's lease ended when the standby's client closed: %v", context.Cause(l.Context()))
+		}
+		for _, w := range writes.writesAfter(closed) {
+			if w.value != "locker" && !strings.HasPrefix(w.value, "locker") {
+				t.Errorf("write rev %d %q after the standby's client closed", w.rev, w.value)
+			}
+		}
+	})
+	t.Run("confirming", func(t *testing.T) {
+		const Ca = 6
+		url, bucket, key := atk4Env(t)
+		writes := watchWrites(t, url, bucket, key)
+		h := contracttest.NewHistory(1)
+		c := startNode4(t, url, bucket, key, "node-c", "node-c", h, true)
+		waitFor(t, 5*time.Second, "node-c starts its service", c.running)
+		a := startNode4(t, url, bucket, key, "node-a", "node-a", h, true, natsputex.WithConfirmations(Ca))
+		a.stopDelay.Store(int64(300 * time.Millisecond))
+		waitFor(t, 5*time.Second, "node-a is standby", func() bool {
+			return a.sawEvent(func(e natsputex.Event) bool { return e.Holder == "node-c" })
+		})
+		time.Sleep(2 * testR)
+		c.kill()
+		waitFor(t, 3*time.Second, "node-a confirms", func() bool { return a.sup.Phase() == natsputex.PhaseConfirming })
+		b := startNode4(t, url, bucket, key, "node-b", "node-b", h, true)
+		time.Sleep(2 * testR)
+		if a.sup.Phase() != natsputex.PhaseConfirming {
+			t.Fatalf("node-a is %v, no longer confirming", a.sup.Phase())
+		}
+		closed := time.Now()
+		err := a.c.Close(context.Background())
+		took := time.Since(closed)
+		runErr, ok := a.wait(5 * time.Second)
+		t.Logf("Close took %v: %v; Run returned (%t) %v after: %v", took.Round(time.Millisecond), err, ok, time.Since(closed).Round(time.Millisecond), runErr)
+		if !ok || !errors.Is(runErr, locks.ErrClosed) {
+			t.Errorf("Run = %v (returned: %t), want an error matching ErrClosed", runErr, ok)
+		}
+		waitFor(t, 5*time.Second, "node-b starts its service", b.running)
+		bStart := b.getStarts()[0].begin
+		last, _ := writes.lastBy("node-a", bStart)
+		t.Logf("node-b started %v after node-a's last write (T + node-a's C·R = %v)", bStart.Sub(last.created).Round(time.Millisecond), T+Ca*testR)
+		if len(a.getStarts()) > 0 {
+			t.Error("node-a started its service though its client closed while it confirmed")
+		}
+		if bl := writes.blanksAfter(closed.Add(-testR)); len(bl) > 0 {
+			t.Errorf("the key was blanked (rev %d, %v after Close) though node-a closed while confirming", bl[0].rev, bl[0].created.Sub(closed).Round(time.Millisecond))
+		}
+		if d := bStart.Sub(last.created); d < T+Ca*testR {
+			t.Errorf("node-b started %v after node-a's last write, before T + node-a's C·R = %v", d.Round(time.Millisecond), T+Ca*testR)
+		}
+		b.cancel()
+		b.wait(5 * time.Second)
+		if err := h.Check(); err != nil {
+			t.Errorf("services overlapped: %v", err)
+		}
+	})
+}
+
+var _ = fmt.Sprint
