@@ -62,6 +62,7 @@ type node4 struct {
 	h    *contracttest.History
 
 	runDone chan error
+	ctx     context.Context // Run's
 	cancel  context.CancelFunc
 	runErr  error
 
@@ -73,8 +74,11 @@ type node4 struct {
 	startDelay         atomic.Int64
 	hcActive, hcStandb atomic.Int32
 
-	mu     sync.Mutex
-	exit   func()
+	onStart atomic.Pointer[func()] // called when Start begins
+
+	mu       sync.Mutex
+	outlived []time.Time // a Start returned nil after a Stop had stopped the service it was starting
+	exit     func()
 	starts []call4
 	stops  []call4
 	events []natsputex.Event
@@ -125,6 +129,9 @@ func startNode4(t *testing.T, url, bucket, key, name, token string, h *contractt
 				n.exit = h.Enter(name, token)
 			}
 			n.mu.Unlock()
+			if f := n.onStart.Load(); f != nil {
+				(*f)()
+			}
 			if d := time.Duration(n.startDelay.Load()); d > 0 {
 				if n.startHonoursCtx.Load() {
 					cl.err = sleepCtx(ctx, d)
@@ -137,6 +144,12 @@ func startNode4(t *testing.T, url, bucket, key, name, token string, h *contractt
 			}
 			cl.end, cl.ctxErr = time.Now(), ctx.Err()
 			n.mu.Lock()
+			// A Start that succeeds leaves the service up, even if a
+			// Stop ran while it was starting it.
+			if cl.err == nil && n.exit == nil {
+				n.exit = h.Enter(name, token)
+				n.outlived = append(n.outlived, cl.end)
+			}
 			n.starts = append(n.starts, cl)
 			n.mu.Unlock()
 			return cl.err
@@ -171,10 +184,9 @@ func startNode4(t *testing.T, url, bucket, key, name, token string, h *contractt
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, rcancel := context.WithTimeout(context.Background(), time.Minute)
-	n.cancel = rcancel
+	n.ctx, n.cancel = context.WithTimeout(context.Background(), time.Minute)
 	if run {
-		n.run(rctx)
+		n.run(n.ctx)
 	}
 	t.Cleanup(func() {
 		n.cancel()
@@ -741,6 +753,294 @@ func TestAttack4CloseWhileNotActive(t *testing.T) {
 			t.Errorf("services overlapped: %v", err)
 		}
 	})
+}
+
+// checkTakeovers fails t if a Start of n's began less than C·R after the
+// first write of the run of n's writes before it, when that run took the
+// key from another token's write (which must then have been T old).
+func checkTakeovers(t *testing.T, writes *keyWatch, n *node4, T, CR time.Duration) {
+	t.Helper()
+	all := writes.all()
+	for _, st := range n.getStarts() {
+		last := -1
+		for i, w := range all {
+			if w.created.After(st.begin) {
+				break
+			}
+			last = i
+		}
+		if last < 0 || all[last].value != n.name {
+			t.Errorf("%s started at %v without its token in the key", n.name, st.begin.Format("15:04:05.000"))
+			continue
+		}
+		first := last
+		for first > 0 && all[first-1].value == n.name {
+			first--
+		}
+		if first == 0 || all[first-1].value == "" {
+			continue // a free key, held at once
+		}
+		p, w := all[first-1], all[first]
+		if d := w.created.Sub(p.created); d < T-10*time.Millisecond {
+			t.Errorf("%s took the key (rev %d) %v after %q's write (rev %d), before T = %v", n.name, w.rev, d.Round(time.Millisecond), p.value, p.rev, T)
+		}
+		if d := st.begin.Sub(w.created); d < CR-10*time.Millisecond {
+			t.Errorf("%s started %v after its takeover write (rev %d), before C·R = %v", n.name, d.Round(time.Millisecond), w.rev, CR)
+		}
+	}
+}
+
+// TestAttack4LostReplies: the answer to one write of node-a's, and to it
+// only, is lost (its proxy drops what comes back for 150ms, then closes
+// the connection; nats.go reconnects): its claim of a free key, a renewal,
+// a confirmation write after a takeover, the blank after a failed health
+// check. "it starts the service only after C·R of its own writes that it
+// saw succeed, on every path", "a write whose answer was lost ... It then
+// writes at the revision it read and confirms for C intervals as after a
+// takeover". So every Start of node-a's after the lost write begins no
+// sooner than C·R (C = 3) after the first write of its stored after the
+// lost one; node-b, standby on a direct link, takes the key over only T
+// after another token's write and starts C·R after that; the services
+// never overlap.
+func TestAttack4LostReplies(t *testing.T) {
+	const (
+		C = 3
+		T = testF * testR
+	)
+	for _, mode := range []string{"free-claim", "renewal", "confirmation", "blank"} {
+		t.Run(mode, func(t *testing.T) {
+			url, bucket, key := atk4Env(t)
+			writes := watchWrites(t, url, bucket, key)
+			proxy := newTriggerProxy(t, strings.TrimPrefix(url, "nats://"), "PUB $KV."+bucket+"."+key+" ", 150*time.Millisecond)
+			h := contracttest.NewHistory(1)
+			opts := []natsputex.Option{natsputex.WithConfirmations(C)}
+			var a, b, c *node4
+			agents := []*node4{}
+			switch mode {
+			case "free-claim":
+				proxy.armed.Store(true)
+				a = startNode4(t, "nats://"+proxy.Addr(), bucket, key, "node-a", "node-a", h, true, opts...)
+				b = startNode4(t, url, bucket, key, "node-b", "node-b", h, true, opts...)
+			case "renewal", "blank":
+				a = startNode4(t, "nats://"+proxy.Addr(), bucket, key, "node-a", "node-a", h, true, opts...)
+				a.stopDelay.Store(int64(50 * time.Millisecond))
+				waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+				b = startNode4(t, url, bucket, key, "node-b", "node-b", h, true, opts...)
+				waitFor(t, 5*time.Second, "node-b is standby", func() bool {
+					return b.sawEvent(func(e natsputex.Event) bool { return e.Holder == "node-a" })
+				})
+				time.Sleep(2 * testR)
+				if mode == "blank" {
+					a.failHC.Store(true)
+				}
+				proxy.armed.Store(true)
+			case "confirmation":
+				c = startNode4(t, url, bucket, key, "node-c", "node-c", h, true, opts...)
+				waitFor(t, 5*time.Second, "node-c starts its service", c.running)
+				a = startNode4(t, "nats://"+proxy.Addr(), bucket, key, "node-a", "node-a", h, true, opts...)
+				waitFor(t, 5*time.Second, "node-a is standby", func() bool {
+					return a.sawEvent(func(e natsputex.Event) bool { return e.Holder == "node-c" })
+				})
+				time.Sleep(2 * testR)
+				c.kill()
+				waitFor(t, 3*time.Second, "node-a confirms", func() bool { return a.sup.Phase() == natsputex.PhaseConfirming })
+				proxy.armed.Store(true)
+				b = startNode4(t, url, bucket, key, "node-b", "node-b", h, true, opts...)
+			}
+			agents = append(agents, a, b)
+			var fired time.Time
+			select {
+			case fired = <-proxy.fired:
+			case <-time.After(3 * time.Second):
+				t.Fatal("node-a wrote nothing to lose the answer of")
+			}
+			time.Sleep(2 * (T + C*testR))
+			waitActive4(t, 5*time.Second, agents...)
+			lost := writes.writesAfter(fired.Add(-5 * time.Millisecond))
+			if len(lost) == 0 {
+				t.Fatal("the watch saw no write after the fault fired")
+			}
+			t.Logf("the answer to rev %d %q was lost", lost[0].rev, lost[0].value)
+			var next keyWrite
+			for _, w := range lost[1:] {
+				if w.value == "node-a" {
+					next = w
+					break
+				}
+			}
+			for _, st := range a.getStarts() {
+				if st.begin.Before(fired) {
+					continue
+				}
+				t.Logf("node-a started %v after the lost write, %v after its next write (rev %d)", st.begin.Sub(lost[0].created).Round(time.Millisecond), st.begin.Sub(next.created).Round(time.Millisecond), next.rev)
+				if next.rev == 0 || st.begin.Sub(next.created) < C*testR-10*time.Millisecond {
+					t.Errorf("node-a started %v after its first write since the lost one (rev %d), before C·R = %v", st.begin.Sub(next.created).Round(time.Millisecond), next.rev, C*testR)
+				}
+			}
+			for _, n := range agents {
+				checkTakeovers(t, writes, n, T, C*testR)
+			}
+			for _, n := range agents {
+				n.cancel()
+				n.wait(5 * time.Second)
+			}
+			if err := h.Check(); err != nil {
+				writes.logAll(t, fired)
+				t.Errorf("services overlapped: %v", err)
+			}
+		})
+	}
+}
+
+// waitActive4 waits until exactly one of nodes runs its service.
+func waitActive4(t *testing.T, within time.Duration, nodes ...*node4) *node4 {
+	t.Helper()
+	var up *node4
+	waitFor(t, within, "one agent active", func() bool {
+		up = nil
+		for _, n := range nodes {
+			if n.running() {
+				if up != nil {
+					t.Fatalf("%s and %s run at once", up.name, n.name)
+				}
+				up = n
+			}
+		}
+		return up != nil
+	})
+	return up
+}
+
+// TestAttack4SlowStart: "the renewals go on while Service.Start runs";
+// "Start's context ends when the agent's hold would run out. An error
+// counts as a failed health check: the agent runs Stop, then blanks the
+// key"; Stop "kills (or fences) the service". node-a (R = 100ms, F = 3,
+// C = 1, margin 50ms) takes a free key; node-b stands by.
+//   - ignores-ctx: Start takes 700ms (> 2T) and ignores its context:
+//     node-a's writes go on every R meanwhile, node-b never starts, and
+//     Start's context ends no later than T − margin after the call.
+//   - honours-ctx: Start waits for its context (which must end within
+//     T − margin) and fails: node-a runs Stop, the key is blanked only
+//     after Stop returned, node-b starts after that.
+//   - hc-fails / stolen: Start takes 200ms honouring its context; as it
+//     begins, node-a's health check starts failing (or another token is
+//     written in the key): the hold ends while Start runs. A Start that
+//     then returns nil has started the service: Stop must come after it,
+//     or Start's context must have ended with the hold, so that it does
+//     not. The services must never overlap (the model: a service is up
+//     from Start's call until a Stop that succeeds returns, and again
+//     after a Start that returns nil).
+func TestAttack4SlowStart(t *testing.T) {
+	const (
+		margin = 50 * time.Millisecond
+		T      = testF * testR
+	)
+	for _, mode := range []string{"ignores-ctx", "honours-ctx", "hc-fails", "stolen"} {
+		t.Run(mode, func(t *testing.T) {
+			url, bucket, key := atk4Env(t)
+			writes := watchWrites(t, url, bucket, key)
+			kv := mustBucket(t, url, bucket)
+			h := contracttest.NewHistory(1)
+			opts := []natsputex.Option{natsputex.WithSafetyMargin(margin)}
+			a := startNode4(t, url, bucket, key, "node-a", "node-a", h, false, opts...)
+			a.stopDelay.Store(int64(50 * time.Millisecond))
+			switch mode {
+			case "ignores-ctx":
+				a.startDelay.Store(int64(700 * time.Millisecond))
+			case "honours-ctx":
+				a.startDelay.Store(int64(700 * time.Millisecond))
+				a.startHonoursCtx.Store(true)
+			case "hc-fails", "stolen":
+				a.startDelay.Store(int64(200 * time.Millisecond))
+				a.startHonoursCtx.Store(true)
+				var once sync.Once
+				f := func() {
+					once.Do(func() {
+						if mode == "hc-fails" {
+							a.failHC.Store(true)
+							return
+						}
+						go func() {
+							time.Sleep(20 * time.Millisecond)
+							if _, err := kv.Put(context.Background(), key, []byte("intruder")); err != nil {
+								t.Error(err)
+							}
+						}()
+					})
+				}
+				a.onStart.Store(&f)
+			}
+			a.run(a.ctx)
+			waitFor(t, 5*time.Second, "node-a's Start is called", func() bool {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				return a.exit != nil || len(a.starts) > 0
+			})
+			b := startNode4(t, url, bucket, key, "node-b", "node-b", h, true, opts...)
+			waitFor(t, 3*time.Second, "node-a's first Start returns", func() bool { return len(a.getStarts()) > 0 })
+			time.Sleep(2*(T+testC*testR) + 200*time.Millisecond)
+			st := a.getStarts()[0]
+			t.Logf("node-a's Start: context %v long, returned %v after its call (its context: %v): %v", st.left.Round(time.Millisecond), st.end.Sub(st.begin).Round(time.Millisecond), st.ctxErr, st.err)
+			for _, sp := range a.getStops() {
+				t.Logf("node-a's Stop: %v to %v after its Start began: %v", sp.begin.Sub(st.begin).Round(time.Millisecond), sp.end.Sub(st.begin).Round(time.Millisecond), sp.err)
+			}
+			if st.left < 0 || st.left > T-margin+5*time.Millisecond {
+				t.Errorf("Start's context ends %v after its call, not within the hold (T − margin = %v)", st.left.Round(time.Millisecond), T-margin)
+			}
+			switch mode {
+			case "ignores-ctx":
+				prev := time.Time{}
+				for _, w := range writes.all() {
+					if w.value != "node-a" || w.created.After(st.end) {
+						continue
+					}
+					if !prev.IsZero() && w.created.Sub(prev) > T-margin {
+						t.Errorf("node-a's writes during its Start were %v apart (rev %d), beyond T − margin = %v", w.created.Sub(prev).Round(time.Millisecond), w.rev, T-margin)
+					}
+					prev = w.created
+				}
+				if d := st.end.Sub(prev); d > T-margin {
+					t.Errorf("node-a's last write during its Start was %v before Start returned", d.Round(time.Millisecond))
+				}
+				if len(b.getStarts()) > 0 {
+					t.Errorf("node-b started (%v after node-a's Start began) while node-a held the key", b.getStarts()[0].begin.Sub(st.begin).Round(time.Millisecond))
+				}
+				if p := a.sup.Phase(); p != natsputex.PhaseActive {
+					t.Errorf("node-a is %v after its slow Start succeeded, want active", p)
+				}
+			case "honours-ctx":
+				stop, ok := a.firstStopAfter(st.begin)
+				if !ok {
+					t.Fatal("node-a did not run Stop after its Start failed")
+				}
+				bl := writes.blanksAfter(st.begin)
+				if len(bl) == 0 {
+					t.Error("node-a did not blank the key after its Start failed")
+				} else if bl[0].created.Before(stop.end) {
+					t.Errorf("the key was blanked %v before node-a's Stop returned", stop.end.Sub(bl[0].created).Round(time.Millisecond))
+				}
+				if bs := b.getStarts(); len(bs) == 0 {
+					t.Error("node-b never started after node-a's Start failed")
+				} else if bs[0].begin.Before(stop.end) {
+					t.Errorf("node-b started %v before node-a's Stop returned", stop.end.Sub(bs[0].begin).Round(time.Millisecond))
+				}
+			}
+			a.mu.Lock()
+			outlived := append([]time.Time(nil), a.outlived...)
+			a.mu.Unlock()
+			for _, at := range outlived {
+				t.Errorf("node-a's Start returned nil %v after its call, after a Stop had run: its service is up while node-a counts it stopped", at.Sub(st.begin).Round(time.Millisecond))
+			}
+			a.cancel()
+			b.cancel()
+			a.wait(5 * time.Second)
+			b.wait(5 * time.Second)
+			if err := h.Check(); err != nil {
+				writes.logAll(t, st.begin)
+				t.Errorf("services overlapped: %v", err)
+			}
+		})
+	}
 }
 
 var _ = fmt.Sprint
