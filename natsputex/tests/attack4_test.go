@@ -1043,4 +1043,170 @@ func TestAttack4SlowStart(t *testing.T) {
 	}
 }
 
+// TestAttack4SameTokenRestart: "An agent that does not hold the key may
+// find its own token in it: its own last write (its hold ran out, or
+// Stop or the blank failed, and no one wrote since) ... It then writes at
+// the revision it read and confirms for C intervals as after a takeover.
+// Otherwise its own token at a revision it did not write is another
+// agent's ... or an earlier run's: it waits for T without a write". C = 3.
+//   - new-process: the active node-a crashes (no blank) and a new process
+//     with the same token starts at once: it must start no sooner than
+//     T + C·R after the crashed one's last write.
+//   - rerun-after-failed-stop: node-a's Run ends while its Stop fails (the
+//     key keeps its write); Run is called again on the same Supervisor: it
+//     must Stop first, and start only C·R after its first new write.
+//   - rerun-after-confirming: node-a's Run ends while it confirms a
+//     takeover from the crashed node-c; Run again on the same Supervisor:
+//     it must start no sooner than T + C·R after node-c's last write and
+//     C·R after its first new write.
+//
+// node-b stands by throughout; the services never overlap.
+func TestAttack4SameTokenRestart(t *testing.T) {
+	const (
+		C = 3
+		T = testF * testR
+	)
+	opts := []natsputex.Option{natsputex.WithConfirmations(C)}
+	t.Run("new-process", func(t *testing.T) {
+		url, bucket, key := atk4Env(t)
+		writes := watchWrites(t, url, bucket, key)
+		h := contracttest.NewHistory(1)
+		a := startNode4(t, url, bucket, key, "node-a", "node-a", h, true, opts...)
+		waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+		b := startNode4(t, url, bucket, key, "node-b", "node-b", h, true, opts...)
+		time.Sleep(3 * testR)
+		a.kill()
+		killed := time.Now()
+		a2 := startNode4(t, url, bucket, key, "node-a2", "node-a", h, true, opts...)
+		up := waitActive4(t, 5*time.Second, a2, b)
+		last, _ := writes.lastBy("node-a", killed)
+		st := up.getStarts()[0].begin
+		t.Logf("%s started %v after the crashed node-a's last write (rev %d); T + C·R = %v", up.name, st.Sub(last.created).Round(time.Millisecond), last.rev, T+C*testR)
+		if d := st.Sub(last.created); d < T+C*testR {
+			t.Errorf("%s started %v after the crashed node-a's last write, before T + C·R = %v", up.name, d.Round(time.Millisecond), T+C*testR)
+		}
+		time.Sleep(T)
+		for _, n := range []*node4{a2, b} {
+			n.cancel()
+			n.wait(5 * time.Second)
+		}
+		if err := h.Check(); err != nil {
+			t.Errorf("services overlapped: %v", err)
+		}
+	})
+	t.Run("rerun-after-failed-stop", func(t *testing.T) {
+		url, bucket, key := atk4Env(t)
+		writes := watchWrites(t, url, bucket, key)
+		h := contracttest.NewHistory(1)
+		a := startNode4(t, url, bucket, key, "node-a", "node-a", h, true, opts...)
+		waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+		b := startNode4(t, url, bucket, key, "node-b", "node-b", h, true, opts...)
+		time.Sleep(3 * testR)
+		a.failStop.Store(true)
+		a.cancel()
+		err, ok := a.wait(5 * time.Second)
+		t.Logf("Run returned (%t) with its Stop failing: %v", ok, err)
+		if !errors.Is(err, natsputex.ErrStopFailed) {
+			t.Errorf("Run = %v, want an error matching ErrStopFailed", err)
+		}
+		if bl := writes.blanksAfter(time.Time{}); len(bl) > 0 {
+			t.Errorf("the key was blanked (rev %d) though Stop failed", bl[0].rev)
+		}
+		a.failStop.Store(false)
+		rerun := time.Now()
+		nStops := len(a.getStops())
+		a.mu.Lock()
+		a.runDone = make(chan error, 1)
+		a.mu.Unlock()
+		ctx, cancel := context.WithCancel(context.Background())
+		a.cancel = cancel
+		a.run(ctx)
+		waitFor(t, 2*time.Second, "the new Run stops the service", func() bool { return len(a.getStops()) > nStops })
+		up := waitActive4(t, 5*time.Second, a, b)
+		time.Sleep(T)
+		stops := a.getStops()
+		if len(stops) == nStops || stops[nStops].err != nil {
+			t.Error("the new Run did not begin with a Stop that succeeded")
+		}
+		if up == a {
+			var st time.Time
+			for _, s := range a.getStarts() {
+				if s.begin.After(rerun) {
+					st = s.begin
+					break
+				}
+			}
+			if st.IsZero() {
+				t.Fatal("node-a runs but did not start again")
+			}
+			ws := writes.writesAfter(rerun)
+			if len(ws) == 0 || ws[0].value != "node-a" {
+				t.Fatalf("node-a started without writing first: %v", ws)
+			}
+			t.Logf("node-a started %v after its first write (rev %d) of the new Run (C·R = %v)", st.Sub(ws[0].created).Round(time.Millisecond), ws[0].rev, C*testR)
+			if d := st.Sub(ws[0].created); d < C*testR-10*time.Millisecond {
+				t.Errorf("node-a started %v after its first write of the new Run, before C·R = %v", d.Round(time.Millisecond), C*testR)
+			}
+		}
+		for _, n := range []*node4{a, b} {
+			n.cancel()
+			n.wait(5 * time.Second)
+		}
+		if err := h.Check(); err != nil {
+			t.Errorf("services overlapped: %v", err)
+		}
+	})
+	t.Run("rerun-after-confirming", func(t *testing.T) {
+		url, bucket, key := atk4Env(t)
+		writes := watchWrites(t, url, bucket, key)
+		h := contracttest.NewHistory(1)
+		c := startNode4(t, url, bucket, key, "node-c", "node-c", h, true, opts...)
+		waitFor(t, 5*time.Second, "node-c starts its service", c.running)
+		a := startNode4(t, url, bucket, key, "node-a", "node-a", h, true, opts...)
+		waitFor(t, 5*time.Second, "node-a is standby", func() bool {
+			return a.sawEvent(func(e natsputex.Event) bool { return e.Holder == "node-c" })
+		})
+		time.Sleep(2 * testR)
+		c.kill()
+		killed := time.Now()
+		waitFor(t, 3*time.Second, "node-a confirms", func() bool { return a.sup.Phase() == natsputex.PhaseConfirming })
+		b := startNode4(t, url, bucket, key, "node-b", "node-b", h, true, opts...)
+		time.Sleep(testR)
+		a.cancel()
+		err, _ := a.wait(5 * time.Second)
+		t.Logf("Run returned while confirming: %v", err)
+		rerun := time.Now()
+		a.mu.Lock()
+		a.runDone = make(chan error, 1)
+		a.mu.Unlock()
+		ctx, cancel := context.WithCancel(context.Background())
+		a.cancel = cancel
+		a.run(ctx)
+		up := waitActive4(t, 5*time.Second, a, b)
+		time.Sleep(T)
+		last, _ := writes.lastBy("node-c", killed)
+		st := up.getStarts()[0].begin
+		t.Logf("%s started %v after node-c's last write (T + C·R = %v)", up.name, st.Sub(last.created).Round(time.Millisecond), T+C*testR)
+		if d := st.Sub(last.created); d < T+C*testR {
+			t.Errorf("%s started %v after the crashed node-c's last write, before T + C·R = %v", up.name, d.Round(time.Millisecond), T+C*testR)
+		}
+		if up == a {
+			ws := writes.writesAfter(rerun)
+			if len(ws) > 0 && ws[0].value == "node-a" {
+				t.Logf("node-a started %v after its first write (rev %d) of the new Run (C·R = %v)", st.Sub(ws[0].created).Round(time.Millisecond), ws[0].rev, C*testR)
+				if d := st.Sub(ws[0].created); d < C*testR-10*time.Millisecond {
+					t.Errorf("node-a started %v after its first write of the new Run, before C·R = %v", d.Round(time.Millisecond), C*testR)
+				}
+			}
+		}
+		for _, n := range []*node4{a, b} {
+			n.cancel()
+			n.wait(5 * time.Second)
+		}
+		if err := h.Check(); err != nil {
+			t.Errorf("services overlapped: %v", err)
+		}
+	})
+}
+
 var _ = fmt.Sprint
