@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,7 @@ func atk4Env(t *testing.T) (url, bucket, key string) {
 
 // call4 is one call of a Service function.
 type call4 struct {
+	token      uint64 // Start's
 	begin, end time.Time
 	left       time.Duration // ctx deadline − begin; -1: none
 	ctxErr     error         // the context's error when the call returned
@@ -120,7 +122,7 @@ func startNode4(t *testing.T, url, bucket, key, name, token string, h *contractt
 	}
 	n.sup, err = n.c.Supervisor(key, token, natsputex.Service{
 		Start: func(ctx context.Context, token uint64) error {
-			cl := call4{begin: time.Now(), left: -1}
+			cl := call4{token: token, begin: time.Now(), left: -1}
 			if d, ok := ctx.Deadline(); ok {
 				cl.left = d.Sub(cl.begin)
 			}
@@ -1209,4 +1211,126 @@ func TestAttack4SameTokenRestart(t *testing.T) {
 	})
 }
 
-var _ = fmt.Sprint
+// TestAttack4MixedChurn: "Supervisors on one key with different R, F or C
+// (a rolling change) ... keep these bounds", and "a call waits for the
+// longer of its own T and the T its holder's value carries, and confirms
+// for the longer of its own C·R and the holder's (a Supervisor's value
+// carries it)". Three Supervisors with different timing (R/F/C
+// 100ms/3/1, 50ms/4/4, 150ms/2/2), each with a Stop of 60ms, and a Locker
+// (R = 60ms, F = 2, C = 0) looping Lock (hold 150ms) on the same key, for
+// about 10s; every 1.2s the agent whose service runs is killed (no Stop,
+// no blank) or shut down (Stop, blank), alternately, and replaced by a
+// new agent with its timing and a new token. No two sections (services or
+// Locker leases) may overlap, and each section's fencing token must be
+// above every earlier section's.
+func TestAttack4MixedChurn(t *testing.T) {
+	url, bucket, key := atk4Env(t)
+	writes := watchWrites(t, url, bucket, key)
+	h := contracttest.NewHistory(1)
+	timings := [][]natsputex.Option{
+		{natsputex.WithRenewInterval(100 * time.Millisecond), natsputex.WithFailureThreshold(3), natsputex.WithConfirmations(1)},
+		{natsputex.WithRenewInterval(50 * time.Millisecond), natsputex.WithFailureThreshold(4), natsputex.WithConfirmations(4)},
+		{natsputex.WithRenewInterval(150 * time.Millisecond), natsputex.WithFailureThreshold(2), natsputex.WithConfirmations(2)},
+	}
+	var mu sync.Mutex
+	var nodes []*node4
+	gen := 0
+	spawn := func(slot int) *node4 {
+		gen++
+		name := fmt.Sprintf("node%d-%d", slot, gen)
+		n := startNode4(t, url, bucket, key, name, name, h, true, timings[slot]...)
+		n.stopDelay.Store(int64(60 * time.Millisecond))
+		mu.Lock()
+		nodes = append(nodes, n)
+		mu.Unlock()
+		return n
+	}
+	live := []*node4{spawn(0), spawn(1), spawn(2)}
+	locker := newTestClient(t, url, bucket, natsputex.WithHolderID("locker"),
+		natsputex.WithRenewInterval(60*time.Millisecond), natsputex.WithFailureThreshold(2), natsputex.WithConfirmations(0))
+	ctx, cancel := context.WithCancel(context.Background())
+	var lockerSpans []call4
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			lctx, lcancel := context.WithTimeout(ctx, 3*time.Second)
+			l, err := locker.Locker().Lock(lctx, key)
+			lcancel()
+			if err != nil {
+				continue
+			}
+			begin := time.Now()
+			exit := sync.OnceFunc(h.Enter("locker", l.Token()))
+			stop := context.AfterFunc(l.Context(), exit)
+			_ = sleepCtx(l.Context(), 150*time.Millisecond)
+			stop()
+			exit()
+			_ = l.Release(context.Background())
+			mu.Lock()
+			lockerSpans = append(lockerSpans, call4{token: l.Token(), begin: begin, end: time.Now()})
+			mu.Unlock()
+			_ = sleepCtx(ctx, 200*time.Millisecond)
+		}
+	}()
+	kills := 0
+	for i := 0; i < 8; i++ {
+		time.Sleep(1200 * time.Millisecond)
+		for slot, n := range live {
+			if !n.running() {
+				continue
+			}
+			if i%2 == 0 {
+				n.kill()
+				kills++
+			} else {
+				n.cancel()
+				n.wait(5 * time.Second)
+			}
+			time.Sleep(100 * time.Millisecond)
+			live[slot] = spawn(slot)
+			break
+		}
+	}
+	cancel()
+	wg.Wait()
+	for _, n := range live {
+		n.cancel()
+		n.wait(5 * time.Second)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	type sec struct {
+		who   string
+		token uint64
+		at    time.Time
+	}
+	var secs []sec
+	for _, n := range nodes {
+		for _, st := range n.getStarts() {
+			secs = append(secs, sec{n.name, st.token, st.begin})
+		}
+	}
+	for _, ls := range lockerSpans {
+		secs = append(secs, sec{"locker", ls.token, ls.begin})
+	}
+	slices.SortFunc(secs, func(a, b sec) int { return a.at.Compare(b.at) })
+	var maxTok uint64
+	var maxWho string
+	for _, s := range secs {
+		if s.token <= maxTok && !(s.who == maxWho && s.token == maxTok) {
+			t.Errorf("%s's section at %v has token %d, not above %s's %d before it", s.who, s.at.Format("15:04:05.000"), s.token, maxWho, maxTok)
+		}
+		if s.token > maxTok {
+			maxTok, maxWho = s.token, s.who
+		}
+	}
+	t.Logf("%d sections (%d of the Locker), %d agents, %d killed, %d writes", len(secs), len(lockerSpans), len(nodes), kills, len(writes.all()))
+	if len(secs) < 8 {
+		t.Errorf("only %d sections in 10s", len(secs))
+	}
+	if err := h.Check(); err != nil {
+		t.Errorf("sections overlapped: %v", err)
+	}
+}
