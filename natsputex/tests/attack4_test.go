@@ -1334,3 +1334,115 @@ func TestAttack4MixedChurn(t *testing.T) {
 		t.Errorf("sections overlapped: %v", err)
 	}
 }
+
+// TestAttack4LateAnswers: "a lease whose validity deadline has passed
+// stays ended (a late renewal no longer revives it)": "A holder that
+// cannot renew ends its lease by itself at the start of its last
+// successful write plus T minus a safety margin". One Client behind a
+// proxy (R = 100ms, F = 3, C = 2, margin 50ms: T − margin = 250ms) holds a
+// Locker lease on "job" and runs an active Supervisor; another client
+// waits in Lock on "job" (looping) and node-b stands by on the
+// Supervisor's key. The proxy delays every answer by 150ms, 240ms, 300ms,
+// then 450ms, 1.5s each. The Locker lease must never be live past its
+// Deadline; "job" never granted twice at once; the services never
+// overlap; and whenever node-a starts again it has either taken a blank
+// key or confirmed C·R after its first write since it last stopped.
+func TestAttack4LateAnswers(t *testing.T) {
+	const (
+		C      = 2
+		margin = 50 * time.Millisecond
+	)
+	url, bucket, key := atk4Env(t)
+	writes := watchWrites(t, url, bucket, key)
+	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
+	h := contracttest.NewHistory(1)
+	opts := []natsputex.Option{natsputex.WithConfirmations(C), natsputex.WithSafetyMargin(margin)}
+	a := startNode4(t, "nats://"+proxy.Addr(), bucket, key, "node-a", "node-a", h, true, append(opts, natsputex.WithHolderID("client-a"))...)
+	a.stopDelay.Store(int64(30 * time.Millisecond))
+	waitFor(t, 5*time.Second, "node-a starts its service", a.running)
+	b := startNode4(t, url, bucket, key, "node-b", "node-b", h, true, opts...)
+	v := watchValidity(t)
+	g := newGrants()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := a.c.Locker().TryLock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.add("client-a job", l)
+	g.grant("client-a", l)
+	waiter := newTestClient(t, url, bucket, natsputex.WithHolderID("waiter"))
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for loopCtx.Err() == nil {
+			l, err := waiter.Locker().Lock(loopCtx, "job")
+			if err != nil {
+				continue
+			}
+			g.grant("waiter", l)
+			_ = sleepCtx(loopCtx, 100*time.Millisecond)
+			_ = l.Release(context.Background())
+			// client-a takes it back when it can.
+			if l2, err := a.c.Locker().TryLock(loopCtx, "job"); err == nil {
+				v.add("client-a job", l2)
+				g.grant("client-a", l2)
+			}
+		}
+	}()
+	time.Sleep(3 * testR)
+	faultAt := time.Now()
+	for _, d := range []time.Duration{150 * time.Millisecond, 240 * time.Millisecond, 300 * time.Millisecond, 450 * time.Millisecond} {
+		proxy.DelayReplies(d)
+		time.Sleep(1500 * time.Millisecond)
+	}
+	proxy.Restore()
+	time.Sleep(time.Second)
+	stopLoops()
+	wg.Wait()
+	a.cancel()
+	b.cancel()
+	a.wait(5 * time.Second)
+	b.wait(5 * time.Second)
+	v.check(t)
+	g.check(t)
+	all := writes.all()
+	stops := a.getStops()
+	for _, st := range a.getStarts() {
+		if st.begin.Before(faultAt) {
+			continue
+		}
+		var lastStop time.Time
+		for _, sp := range stops {
+			if sp.begin.Before(st.begin) {
+				lastStop = sp.begin
+			}
+		}
+		first := -1
+		for i, w := range all {
+			if w.created.After(lastStop) && w.value == "node-a" {
+				first = i
+				break
+			}
+		}
+		if first < 0 {
+			t.Errorf("node-a started at %v without a write since its last Stop", st.begin.Format("15:04:05.000"))
+			continue
+		}
+		free := first == 0 || all[first-1].value == ""
+		t.Logf("node-a started %v after its first write (rev %d) since its last Stop; it took a free key: %t", st.begin.Sub(all[first].created).Round(time.Millisecond), all[first].rev, free)
+		if !free && st.begin.Sub(all[first].created) < C*testR-10*time.Millisecond {
+			t.Errorf("node-a started %v after its first write since it last stopped (rev %d, over %q), before C·R = %v",
+				st.begin.Sub(all[first].created).Round(time.Millisecond), all[first].rev, all[first-1].value, C*testR)
+		}
+	}
+	a.mu.Lock()
+	t.Logf("node-a: %d starts, %d stops; node-b: %d starts", len(a.starts), len(a.stops), len(b.getStarts()))
+	a.mu.Unlock()
+	if err := h.Check(); err != nil {
+		t.Errorf("services overlapped: %v", err)
+	}
+}
+
