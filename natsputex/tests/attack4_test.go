@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,9 +82,9 @@ type node4 struct {
 	mu       sync.Mutex
 	outlived []time.Time // a Start returned nil after a Stop had stopped the service it was starting
 	exit     func()
-	starts []call4
-	stops  []call4
-	events []natsputex.Event
+	starts   []call4
+	stops    []call4
+	events   []natsputex.Event
 }
 
 // startNode4 connects to url, makes a Client with the suite's timing and
@@ -1446,3 +1447,93 @@ func TestAttack4LateAnswers(t *testing.T) {
 	}
 }
 
+// TestAttack4NatslockPausedWhileConfirming: natslock with -r 100ms -f 3
+// -c 5 (T = 300ms, C·R = 500ms). node-a, active behind a proxy, is cut off;
+// a standby takes its key over and, while it confirms, is paused with
+// SIGSTOP for 1.2s, then resumed. "it starts the service only once C
+// intervals (C·R) have passed since the start of its first write of the
+// hold that it saw succeed, every write since having succeeded too":
+//   - alone: the paused node is the only standby; resumed, it must write
+//     (successfully) before it starts, and start no sooner than C·R after
+//     its takeover write;
+//   - with-rival: node-c takes the key over from the paused node (T of
+//     silence, then C·R); resumed, the paused node must not start at all.
+//
+// The services (as their commands timed them) never overlap.
+func TestAttack4NatslockPausedWhileConfirming(t *testing.T) {
+	requireNanoDate(t)
+	if testing.Short() {
+		t.Skip("builds and runs natslock")
+	}
+	bin := buildNatslock(t)
+	const CR = 500 * time.Millisecond
+	for _, rival := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "with-rival"}[rival], func(t *testing.T) {
+			url, bucket, key := atk4Env(t)
+			writes := watchWrites(t, url, bucket, key)
+			proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
+			flags := []string{"-r", "100ms", "-f", "3", "-c", "5"}
+			a := startNatslock(t, bin, "nats://"+proxy.Addr(), bucket, key, "node-a", flags...)
+			waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return a.lastState() == "start" })
+			b := startNatslock(t, bin, url, bucket, key, "node-b", flags...)
+			waitFor(t, 10*time.Second, "node-b is standby", func() bool { return strings.Contains(b.logs(), "standby: the key is held") })
+			time.Sleep(300 * time.Millisecond)
+			proxy.BlackHole()
+			waitFor(t, 5*time.Second, "node-b takes the key over", func() bool { _, ok := writes.firstBy("node-b"); return ok })
+			time.Sleep(100 * time.Millisecond)
+			if err := b.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			paused := time.Now()
+			var c *lockProc
+			if rival {
+				c = startNatslock(t, bin, url, bucket, key, "node-c", flags...)
+			}
+			time.Sleep(1200 * time.Millisecond)
+			if b.lastState() == "start" {
+				t.Fatalf("node-b started its service before it was paused, %v after its first write", CR)
+			}
+			resumed := time.Now()
+			_ = b.cmd.Process.Signal(syscall.SIGCONT)
+			t.Logf("node-b paused %v while confirming", resumed.Sub(paused).Round(time.Millisecond))
+			procs := []*lockProc{a, b}
+			if rival {
+				procs = append(procs, c)
+				waitFor(t, 5*time.Second, "node-c starts its service", func() bool { return c.lastState() == "start" })
+				time.Sleep(time.Second)
+				if e := b.last(t, "start"); !e.at.IsZero() {
+					t.Errorf("node-b started its service %v after it resumed, though node-c took the key over meanwhile", e.at.Sub(resumed).Round(time.Millisecond))
+				}
+			} else {
+				waitFor(t, 5*time.Second, "node-b starts its service", func() bool { return b.lastState() == "start" })
+				st := b.last(t, "start").at
+				ws := writes.writesAfter(resumed)
+				var first keyWrite
+				for _, w := range ws {
+					if w.value == "node-b" {
+						first = w
+						break
+					}
+				}
+				t.Logf("node-b started %v after it resumed, %v after its first write since (rev %d)", st.Sub(resumed).Round(time.Millisecond), st.Sub(first.created).Round(time.Millisecond), first.rev)
+				// It does not wait C·R again (seen: it starts ~5ms after its
+				// first write since it resumed): the docs' rule is met, as
+				// C·R passed since the takeover write and every write since
+				// succeeded; what it must not do is start on its pre-pause
+				// writes alone, nor sooner than C·R after the takeover.
+				takeover, _ := writes.firstBy("node-b")
+				if first.rev == 0 || st.Before(first.created) {
+					t.Errorf("node-b started its service %v after it resumed, before any write of its own succeeded since", st.Sub(resumed).Round(time.Millisecond))
+				}
+				if st.Before(takeover.created.Add(CR - 10*time.Millisecond)) {
+					t.Errorf("node-b started its service %v after its takeover write, before C·R = %v", st.Sub(takeover.created).Round(time.Millisecond), CR)
+				}
+			}
+			proxy.Restore()
+			checkNoOverlap(t, procs...)
+			if t.Failed() {
+				writes.logAll(t, paused)
+			}
+		})
+	}
+}
