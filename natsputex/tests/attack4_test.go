@@ -519,6 +519,18 @@ func TestAttack4SharedClientHealthFails(t *testing.T) {
 	}
 }
 
+// FOUND (fails today, 3 runs of 3, NATS 2.9.10 on 4222):
+//   - short-ctx, long-ctx: with a Stop of 300ms, Close never blanks the
+//     key (0 blanks; Close with 5s returns nil after 302ms); node-b takes
+//     the silent key ~504ms (T + C·R) after node-a's last write. With a
+//     Stop of 100ms (long-ctx-stop-100ms) the key is blanked and node-b
+//     starts 102ms after Close; shutting down through Run's context with
+//     the 300ms Stop (run-cancelled) blanks it too, but renews the key
+//     every R while Stop runs. The Stop that outlives the hold's deadline
+//     (T − margin = 250ms after the last write) loses the blank.
+//   - stop-fails: Close returns nil at once though the Stop it ran
+//     failed (Run's error has ErrStopFailed).
+//
 // TestAttack4CloseWhileActive: Client.Close "ends every lease of the
 // client ... A running Supervisor's hold is one of those leases: Close
 // runs its Service.Stop and blanks its key only once Stop has returned
@@ -1535,5 +1547,93 @@ func TestAttack4NatslockPausedWhileConfirming(t *testing.T) {
 				writes.logAll(t, paused)
 			}
 		})
+	}
+}
+
+// TestAttack4ClusterLeaderRestart: on an embedded 3-node cluster with an
+// R3 bucket (R = 100ms, F = 3, C = 2), the node leading the bucket's
+// stream is restarted twice: while node-a is active and its client also
+// holds a Locker lease ("job") renewed in the same rounds (mid-renewal),
+// then right before a standby takes over from the crashed active agent
+// (mid-takeover). The Locker lease must never be live past its Deadline,
+// the services never overlap, and every takeover comes T after another
+// token's last write and starts C·R after its own first write.
+func TestAttack4ClusterLeaderRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	const (
+		C = 2
+		T = testF * testR
+	)
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, append(natsenv.ConsumerGoroutines(), ignore)...) })
+	cluster := natsenv.StartCluster(t, 3)
+	urls := cluster.URLs()
+	bucket := uniqueBucket("atk4cluster")
+	prepareBucket(t, urls, bucket, natsputex.WithReplicas(3))
+	const key = "spof-service"
+	writes := watchWrites(t, urls, bucket, key)
+	h := contracttest.NewHistory(1)
+	opts := []natsputex.Option{natsputex.WithConfirmations(C)}
+	servers := cluster.Servers()
+	nodes := []*node4{}
+	for i, name := range []string{"node-a", "node-b", "node-c"} {
+		n := startNode4(t, servers[i].URL(), bucket, key, name, name, h, true, append(opts, natsputex.WithHolderID("client-"+name))...)
+		n.stopDelay.Store(int64(30 * time.Millisecond))
+		nodes = append(nodes, n)
+	}
+	active := waitActive4(t, 10*time.Second, nodes...)
+	v := watchValidity(t)
+	l, err := active.c.Locker().TryLock(context.Background(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.add(active.name+" job", l)
+	time.Sleep(5 * testR)
+
+	// Mid-renewal.
+	leader := bucketLeader(t, urls, bucket, servers, -1)
+	began := time.Now()
+	if err := cluster.Restart(leader); err != nil {
+		t.Fatal(err)
+	}
+	up := waitActive4(t, 30*time.Second, nodes...)
+	t.Logf("mid-renewal: restarted the stream leader %s in %v; %s runs %v after it began; the Locker lease: %v",
+		servers[leader].Name(), time.Since(began).Round(time.Millisecond), up.name, time.Since(began).Round(time.Millisecond), context.Cause(l.Context()))
+	time.Sleep(5 * testR)
+
+	// Mid-takeover.
+	up = waitActive4(t, 10*time.Second, nodes...)
+	leader = bucketLeader(t, urls, bucket, servers, -1)
+	up.kill()
+	last, _ := writes.lastBy(up.name, time.Now())
+	time.Sleep(time.Until(last.seen.Add(T - 50*time.Millisecond)))
+	began = time.Now()
+	if err := cluster.Restart(leader); err != nil {
+		t.Fatal(err)
+	}
+	var rest []*node4
+	for _, n := range nodes {
+		if n != up {
+			rest = append(rest, n)
+		}
+	}
+	next := waitActive4(t, 30*time.Second, rest...)
+	t.Logf("mid-takeover: %s crashed; restarted the stream leader %s; %s runs %v after the restart began", up.name, servers[leader].Name(), next.name, time.Since(began).Round(time.Millisecond))
+	time.Sleep(5 * testR)
+	for _, n := range nodes {
+		n.cancel()
+	}
+	for _, n := range nodes {
+		n.wait(10 * time.Second)
+	}
+	_ = l.Release(context.Background())
+	v.check(t)
+	for _, n := range nodes {
+		checkTakeovers(t, writes, n, T, C*testR)
+	}
+	if err := h.Check(); err != nil {
+		t.Errorf("services overlapped: %v", err)
 	}
 }
