@@ -22,9 +22,10 @@ type lease struct {
 	agent *Supervisor // the Supervisor holding the key; nil for a Locker's lease
 
 	mu        sync.Mutex
-	rev       uint64 // revision of the last successful write
-	uncertain bool   // the last write failed without a conflict: it may have landed
-	keep      bool   // a Supervisor's release leaves the key as it is (its Stop failed)
+	rev       uint64   // revision of the last successful write
+	uncertain bool     // the last write failed without a conflict: it may have landed
+	keep      bool     // a Supervisor's release leaves the key as it is (its Stop failed)
+	failure   *holdEnd // why a Supervisor's last renewal round failed (see endReason)
 }
 
 // handle is a lease as users see it: a [locks.SlotLease] with the
@@ -104,7 +105,9 @@ func (c *Client) renewLeases(ctx context.Context, batch []*driver.Lease) []drive
 			}
 			out[i] = driver.Renewal{Err: driver.Lost(fmt.Errorf("%q: %w", l.Name(), err))}
 			if l.agent != nil {
-				out[i].Err = driver.Lost(holdEnd{"health check failed", err})
+				end := holdEnd{"health check failed", err}
+				l.failed(end)
+				out[i].Err = driver.Lost(end)
 			} else {
 				out[i].Then = func() { c.abandon(l.key, l.token, l.lastRev()) }
 			}

@@ -106,7 +106,7 @@ type Service struct {
 	Stop func(ctx context.Context) error
 
 	// Observe is told every [Event], in order, from the goroutine running
-	// the pump or the expiry timer. It must not block.
+	// Run. It must not block.
 	Observe func(Event)
 }
 
@@ -284,6 +284,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			if held = s.serve(bctx, l); held != nil {
 				break // Run is ending while it holds: shutdown releases
 			}
+			// The stroke that let go of the key lasts R too: the other
+			// agents get the blank key first.
+			_ = driver.Sleep(bctx, s.c.o.renewEvery())
 			continue
 		}
 		// The stroke lasts at least R, or until the key is freed, or

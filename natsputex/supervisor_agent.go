@@ -230,7 +230,7 @@ func (l *lease) renewAgent(ctx context.Context) driver.Renewal {
 	cancel()
 	if err == nil {
 		if why := s.takenAway(r, l.rev, l.Deadline().Add(-c.o.validity())); why != "" {
-			return driver.Renewal{Err: driver.Lost(holdEnd{why: why})}
+			return l.lostLocked(holdEnd{why: why})
 		}
 	}
 	// A failed read renews all the same: if the broker is gone the write
@@ -238,10 +238,10 @@ func (l *lease) renewAgent(ctx context.Context) driver.Renewal {
 	rev, err := c.st.renew(ctx, l.key, l.token, l.rev)
 	switch {
 	case isConflict(err):
-		return driver.Renewal{Err: driver.Lost(holdEnd{"the key was written by someone else", err})}
+		return l.lostLocked(holdEnd{"the key was written by someone else", err})
 	case err != nil:
 		l.uncertain = true
-		return driver.Renewal{Err: driver.Lost(holdEnd{"write failed", err})}
+		return l.lostLocked(holdEnd{"write failed", err})
 	}
 	l.rev = rev
 	return driver.Renewal{Until: c.o.validUntil(start)}
@@ -272,6 +272,28 @@ func (l *lease) keepKey() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.keep = true
+}
+
+// lostLocked is the answer of a failed renewal of the hold, remembered
+// (see endReason). Call with l.mu held.
+func (l *lease) lostLocked(end holdEnd) driver.Renewal {
+	l.failure = &end
+	return driver.Renewal{Err: driver.Lost(end)}
+}
+
+// failed remembers why a renewal round of the hold failed.
+func (l *lease) failed(end holdEnd) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.failure = &end
+}
+
+// lastFailure returns why the hold's last renewal round failed, nil if
+// none did.
+func (l *lease) lastFailure() *holdEnd {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.failure
 }
 
 // lastWrite returns the revision of the hold's last successful write,

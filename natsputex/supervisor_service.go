@@ -30,16 +30,27 @@ func (s *Supervisor) serve(ctx context.Context, l *lease) *lease {
 		return l
 	case <-l.Context().Done():
 	}
-	why, cause := "no successful write for T minus the safety margin", error(nil)
+	s.endHold(ctx, l, "", nil)
+	return nil
+}
+
+// endReason says why the hold l ended, in the words of the events, and
+// the error behind it: a failed renewal or check, the client closing, or
+// its deadline passing, with the failure of the renewal round that was
+// under way then, if any (a health check that hangs).
+func endReason(l *lease) (string, error) {
 	var end holdEnd
 	switch err := context.Cause(l.Context()); {
 	case errors.As(err, &end):
-		why, cause = end.why, end.err
+		return end.why, end.err
 	case errors.Is(err, locks.ErrClosed):
-		why = "the client closed"
+		return "the client closed", nil
 	}
-	s.endHold(ctx, l, why, cause)
-	return nil
+	const expired = "no successful write for T minus the safety margin"
+	if f := l.lastFailure(); f != nil {
+		return f.why + " (" + expired + ")", f.err
+	}
+	return expired, nil
 }
 
 // activate starts the service on the hold l and enters PhaseActive. It
@@ -90,9 +101,10 @@ func (s *Supervisor) activate(ctx context.Context, l *lease) bool {
 }
 
 // endHold lets go of the hold l, which ended (or failed to start) for
-// why: stop the service, then blank the key (the lease's release, see
-// [lease.releaseAgent]), and go back to standby. When Stop fails the key
-// is not blanked, and Stop is tried again each stroke.
+// why ("" to say why it ended: see endReason): stop the service, then
+// blank the key (the lease's release, see [lease.releaseAgent]), and go
+// back to standby. When Stop fails the key is not blanked, and Stop is
+// tried again each stroke.
 func (s *Supervisor) endHold(ctx context.Context, l *lease, why string, cause error) {
 	s.setPhase(PhaseStandby)
 	what := ": service not running" // stopped already, or never started
@@ -100,6 +112,9 @@ func (s *Supervisor) endHold(ctx context.Context, l *lease, why string, cause er
 		what = ": service stopped"
 	}
 	stopErr, err := s.letGo(ctx, l)
+	if why == "" { // after the release, which waits for the round under way
+		why, cause = endReason(l)
+	}
 	rev, uncertain := l.lastWrite()
 	s.mu.Lock()
 	s.lastRev = rev
