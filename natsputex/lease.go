@@ -24,7 +24,7 @@ type lease struct {
 	mu        sync.Mutex
 	rev       uint64   // revision of the last successful write
 	uncertain bool     // the last write failed without a conflict: it may have landed
-	keep      bool     // a Supervisor's release leaves the key as it is (its Stop failed)
+	stopErr   error    // a Supervisor's Stop failed: its release leaves the key as it is
 	failure   *holdEnd // why a Supervisor's last renewal round failed (see endReason)
 }
 

@@ -255,10 +255,10 @@ func (l *lease) renewAgent(ctx context.Context) driver.Renewal {
 // It is also the release of [Client.Close].
 func (l *lease) releaseAgent(ctx context.Context) error {
 	l.mu.Lock()
-	keep := l.keep
+	stopErr := l.stopErr
 	l.mu.Unlock()
-	if keep {
-		return nil
+	if stopErr != nil {
+		return stopErr
 	}
 	if err := l.agent.stopService(ctx, false); err != nil {
 		return err
@@ -266,12 +266,12 @@ func (l *lease) releaseAgent(ctx context.Context) error {
 	return l.agent.blank(ctx, l.lastRev(), l.c.o.ttl())
 }
 
-// keepKey makes the hold's release leave the key as it is: the agent's
-// Stop failed, and the service may still run.
-func (l *lease) keepKey() {
+// keepKey makes the hold's release leave the key as it is, and return
+// err: the agent's Stop failed, and the service may still run.
+func (l *lease) keepKey(err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.keep = true
+	l.stopErr = err
 }
 
 // lostLocked is the answer of a failed renewal of the hold, remembered

@@ -136,7 +136,7 @@ func (s *Supervisor) endHold(ctx context.Context, l *lease, why string, cause er
 // error and the release's.
 func (s *Supervisor) letGo(ctx context.Context, l *lease) (stopErr, err error) {
 	if stopErr = s.stopService(ctx, false); stopErr != nil {
-		l.keepKey()
+		l.keepKey(stopErr)
 	}
 	return stopErr, l.Release(context.WithoutCancel(ctx))
 }

@@ -54,6 +54,7 @@ type Lease struct {
 
 	releaseOnce sync.Once
 	releaseErr  error
+	freeErr     error // the broker's error of the release, whoever ran it
 
 	afterEnd []*func() // see AfterEnd; under mu, nil once ended
 }
@@ -233,6 +234,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.releaseOnce.Do(func() {
 		released := l.End(locks.ErrReleased)
 		err := l.free(ctx)
+		l.freeErr = err
 		// A lease that had ended already reports why (ErrLost...), also
 		// when the cleanup at the broker failed too.
 		var errs []error
