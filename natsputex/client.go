@@ -261,10 +261,12 @@ func (c *Client) TTL() time.Duration { return c.o.ttl() }
 // returns an error matching ctx.Err() and the rest finishes in the
 // background. Close is idempotent (later calls return nil at once) and
 // safe for concurrent use; it returns the errors of the blanks that
-// failed, if any. A running Supervisor sees Close as the end of its Run:
-// it stops its service and Run returns an error matching
-// [locks.ErrClosed]; Close does not wait for that, so cancel Run's
-// context and wait for it first to know the service has stopped.
+// failed, if any. A running Supervisor's hold is one of those leases:
+// Close runs its [Service.Stop] and blanks its key only once Stop has
+// returned (not at all when Stop fails, which Close returns; and not when
+// a standby took the key over while a long Stop ran: see the package
+// doc), and Run returns an error matching [locks.ErrClosed]. Close does not wait for
+// Run itself, nor for a Stop of an agent that did not hold the key.
 func (c *Client) Close(ctx context.Context) error {
 	return driver.Errorf("natsputex", "close", "", c.reg.Close(ctx, nil))
 }

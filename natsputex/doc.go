@@ -20,9 +20,9 @@
 // [driver.EventTakeover] when one of its calls (or Supervisors) takes a
 // key over from a silent holder, and [driver.EventConfirmation] when that
 // takeover is confirmed (Duration: the time since the takeover write).
-// The Locker and the Supervisor share one takeover-and-confirmation step
-// and one deadline machine, the kit's lease, extended by each write that
-// succeeds.
+// The Supervisor is built on the Locker's lease: its strokes are a
+// Lock's attempts with putex's parts added, and its hold is one of the
+// client's leases, renewed in the same rounds.
 //
 // # Protocol
 //
@@ -135,14 +135,18 @@
 //     that write, so Stop has margin + C·R to finish before the two could
 //     overlap. Choose C (and the margin) for the slowest Stop you have.
 //     The same bound holds whenever the agent stops its service itself (a
-//     failed health check or write, or shutdown): it blanks the key only
-//     once Stop has returned, so no standby starts at once, and never
-//     while it was still confirming a takeover (see C above), which keeps
-//     the bound of the holder it displaced; but it does not renew
-//     while Stop runs, so a standby may take the silent key over T + C·R
-//     after the agent's last write. Stop then has at least
-//     margin + C·R (after a failed write, whose hold ran to its end), and
-//     about T − R + C·R after a failed health check or on shutdown.
+//     failed health check or write, or [Client.Close]): it blanks the key
+//     only once Stop has returned, so no standby starts at once, and
+//     never while it was still confirming a takeover (see C above), which
+//     keeps the bound of the holder it displaced; but its hold has ended,
+//     so it does not renew while Stop runs, and a standby may take the
+//     silent key over T + C·R after the agent's last write (the blank
+//     then finds the key written by the standby, and leaves it). Stop
+//     then has at least margin + C·R (after a failed write, whose hold
+//     ran to its end), and about T − R + C·R after a failed health check
+//     or on Close. When Run's context ends (natslock's SIGTERM), the
+//     agent still holds the key while Stop runs, and renews it, so no
+//     standby takes it before the blank.
 //     Stop's context ends after T + C·R, never sooner. A Stop that fails
 //     or overruns that is reported as failed, never as done: the key is
 //     then not blanked, and Stop is called again every stroke until it

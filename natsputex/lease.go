@@ -18,10 +18,14 @@ type lease struct {
 	*driver.Lease
 	c     *Client
 	key   string
-	token string
+	token string      // what the lease writes: a Locker's token, or a Supervisor's value
+	agent *Supervisor // the Supervisor holding the key; nil for a Locker's lease
 
-	mu  sync.Mutex
-	rev uint64 // revision of the last successful write
+	mu        sync.Mutex
+	rev       uint64   // revision of the last successful write
+	uncertain bool     // the last write failed without a conflict: it may have landed
+	stopErr   error    // a Supervisor's Stop failed: its release leaves the key as it is
+	failure   *holdEnd // why a Supervisor's last renewal round failed (see endReason)
 }
 
 // handle is a lease as users see it: a [locks.SlotLease] with the
@@ -44,14 +48,16 @@ func (h handle) AfterEnd(f func()) (stop func() bool) { return h.l.AfterEnd(f) }
 // margin.
 func (h handle) Deadline() time.Time { return h.l.Deadline() }
 
-// hold registers the lease for key, won at revision won (the fencing
-// token) and last written at rev by a write that started at start.
-func (c *Client) hold(ctx context.Context, op, name, key string, slot int, token string, won, rev uint64, start time.Time) (locks.Lease, error) {
-	l := &lease{c: c, key: key, token: token, rev: rev}
+// hold registers the lease the attempt a won at revision won (the
+// fencing token) and last wrote at rev by a write that started at start.
+// A Supervisor's lease is returned as the *lease itself, a Locker's as
+// its handle.
+func (c *Client) hold(ctx context.Context, a attempt, won, rev uint64, start time.Time) (locks.Lease, error) {
+	l := &lease{c: c, key: a.key, token: a.token, agent: a.agent, rev: rev}
 	dl, err := c.reg.NewLease(ctx, driver.Spec{
-		Name:     name,
+		Name:     a.name,
 		Token:    won,
-		Slot:     slot,
+		Slot:     a.slot,
 		Deadline: c.o.validUntil(start),
 		Release:  l.release,
 	})
@@ -59,12 +65,12 @@ func (c *Client) hold(ctx context.Context, op, name, key string, slot int, token
 		// Closed meanwhile: blank what was won, unless a takeover
 		// confirmed it (then too: the confirmations are done).
 		_ = l.release(context.WithoutCancel(ctx))
-		return nil, c.reg.ErrClosed(op, name)
+		return nil, c.reg.ErrClosed(a.op, a.name)
 	}
 	l.Lease = dl
 	if !l.Live() { // the write took longer than the validity
 		_ = l.Release(context.WithoutCancel(ctx))
-		return nil, &locks.HeldError{Name: name, Err: errors.New("natsputex: the winning write took longer than the lease's validity")}
+		return nil, &locks.HeldError{Name: a.name, Err: errors.New("natsputex: the winning write took longer than the lease's validity")}
 	}
 	c.mu.Lock()
 	c.leases[dl] = l
@@ -74,6 +80,9 @@ func (c *Client) hold(ctx context.Context, op, name, key string, slot int, token
 		delete(c.leases, dl)
 		c.mu.Unlock()
 	})
+	if a.agent != nil {
+		return l, nil
+	}
 	return handle{dl}, nil
 }
 
@@ -81,7 +90,8 @@ func (c *Client) hold(ctx context.Context, op, name, key string, slot int, token
 // live leases. It runs the health check once (told [Active]); a failure
 // ends every lease of the round, then blanks each key (one attempt), so
 // that a waiter takes over at once: the key is free only once its lease
-// is over. Otherwise it rewrites each key at its lease's last revision;
+// is over. (A Supervisor's key is blanked by its own release, once its
+// service has stopped: see [lease.release].) Otherwise it rewrites each key at its lease's last revision;
 // NATS KV has no multi-key compare-and-set, so the writes go out at
 // once, each in a goroutine of this round, and the round waits for all
 // of them. A write that fails ends its lease.
@@ -93,9 +103,13 @@ func (c *Client) renewLeases(ctx context.Context, batch []*driver.Lease) []drive
 			if l == nil {
 				continue
 			}
-			out[i] = driver.Renewal{
-				Err:  driver.Lost(fmt.Errorf("%q: %w", l.Name(), err)),
-				Then: func() { c.abandon(l.key, l.token, l.lastRev()) },
+			out[i] = driver.Renewal{Err: driver.Lost(fmt.Errorf("%q: %w", l.Name(), err))}
+			if l.agent != nil {
+				end := holdEnd{"health check failed", err}
+				l.failed(end)
+				out[i].Err = driver.Lost(end)
+			} else {
+				out[i].Then = func() { c.abandon(l.key, l.token, l.lastRev()) }
 			}
 		}
 		return out
@@ -147,6 +161,9 @@ func (l *lease) renew(ctx context.Context) driver.Renewal {
 	defer cancel()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.agent != nil {
+		return l.renewAgent(ctx)
+	}
 	start := time.Now()
 	rev, err := c.st.renew(ctx, l.key, l.token, l.rev)
 	if isConflict(err) {
@@ -169,8 +186,12 @@ func (l *lease) renew(ctx context.Context) driver.Renewal {
 	return driver.Renewal{Until: c.o.validUntil(start)}
 }
 
-// release blanks the key if it is still this lease's.
+// release blanks the key if it is still this lease's. A Supervisor's
+// lease stops the service first (see [lease.releaseAgent]).
 func (l *lease) release(ctx context.Context) error {
+	if l.agent != nil {
+		return l.releaseAgent(ctx)
+	}
 	ctx, cancel := l.c.opContext(ctx)
 	defer cancel()
 	nrev, err := l.c.st.clear(ctx, l.key, l.token, l.lastRev())

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
@@ -105,7 +106,7 @@ type Service struct {
 	Stop func(ctx context.Context) error
 
 	// Observe is told every [Event], in order, from the goroutine running
-	// the pump or the expiry timer. It must not block.
+	// Run. It must not block.
 	Observe func(Event)
 }
 
@@ -114,16 +115,32 @@ type Service struct {
 // Make it with [Client.Supervisor]; it uses the client's R, F, C, safety
 // margin and health check.
 //
+// It is built on the Locker's lease: each stroke without the key is one
+// attempt of a Lock, with putex's parts added (the agent's fixed value,
+// its own token found in the key, a health check every stroke, the
+// hold-off after a failed Start). Once it holds the key, the hold is a
+// lease of the client: the client's renewal rounds renew it with its
+// other leases (one health check per round for all of them, told
+// [Active]), and it ends like theirs, with a failed renewal or check, or
+// at its deadline; the agent starts the service, and when the hold ends
+// it stops the service before it blanks the key. That release is also
+// what [Client.Close] runs.
+//
 // Each pump stroke lasts at least R (or the shorter renewal period of the
-// package doc, when T minus the safety margin is under 2·R). An agent
-// that holds the key rewrites its token at the revision of its own last
-// write, every stroke, after its health check passes (told [Active]).
-// An agent that finds the key free (missing or blank) runs its health
-// check (told [Active]), writes its token at the revision it read, and
-// starts the service at once. An agent that finds another token stops its
-// service, runs its health check (told [Standby]) and waits until the
-// key has gone T = F·R without any write, by its own clock, then writes
-// its token at the revision it read (so only one waiter can win). After
+// package doc, when T minus the safety margin is under 2·R), unless the
+// key is freed meanwhile. An agent that holds the key reads it and
+// rewrites its token at the revision of its own last write, every
+// interval, after its health check passes (told [Active]); the renewals
+// go on while [Service.Start] runs. An agent that finds the key free
+// (missing or blank) runs its health check (told [Active]), writes its
+// token at the revision it read, and starts the service at once. An
+// agent that finds another token stops its service, runs its health
+// check (told [Standby]) every stroke and waits until the key has gone
+// T = F·R without any write (counted as a Lock counts it: from the
+// write's time by the server's clock when it first reads it, then by its
+// own: see the package doc), checks its health again (told [Standby]),
+// then writes its token at the revision it read (so only one waiter can
+// win). After
 // such a takeover the agent confirms: it starts the service only once C
 // intervals (C·R) have passed since the start of its first write of the
 // hold that it saw succeed, every write since having succeeded too. An
@@ -174,26 +191,22 @@ type Supervisor struct {
 	c     *Client
 	key   string
 	token string
-	value string // what the agent writes in the key: its token and timing (see valueOf)
+	value string // what the agent writes in the key once it holds it: its token and timing (see valueOf)
 	svc   Service
 
 	running atomic.Bool
+	wake    <-chan struct{} // the watch's wake-ups while Run runs; nil when it polls
 
-	mu          sync.Mutex
-	phase       Phase
-	lastRev     uint64        // revision of our last successful write
-	holdRev     uint64        // revision of the write that won the current hold: its fencing token
-	hold        *driver.Lease // the hold's deadline (see wrote); nil when none was begun
-	conf        *confirmation // the current hold's confirmation, nil for a free key's hold
-	done        bool
-	holder      string    // last holder reported to Observe
-	pending     bool      // a write's answer was lost: it may have landed
-	holdOff     time.Time // no free key is taken before then (Start failed)
-	holdOffMsg  bool      // the hold-off was reported
-	startFails  int       // failed Starts in a row
-	cur         string    // what the agent last wrote while it confirmed: its token and the longer of its timing and its predecessor's (see confirmValue)
-	unconfirmed bool      // the agent's last write is a hold's whose confirmations did not finish: it is never blanked
-	seenTiming  string    // the last holder's value whose longer timing was reported
+	mu         sync.Mutex
+	phase      Phase
+	lastRev    uint64 // revision of the agent's last successful write
+	pending    bool   // a write's answer was lost: it may have landed
+	cur        string // what the agent last wrote while it confirmed: its token and the longer of its timing and its predecessor's (see confirmValue)
+	holder     string // last holder reported to Observe
+	seenTiming string // the last holder's value whose longer timing was reported
+	holdOff    time.Time
+	holdOffMsg bool // the hold-off was reported
+	startFails int  // failed Starts in a row
 
 	svcMu sync.Mutex // serialises Start and Stop
 	up    bool       // the service may be running
@@ -243,107 +256,84 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return s.c.reg.ErrClosed("supervisor", s.key)
 	}
 	s.mu.Lock()
-	s.phase, s.done, s.holder, s.lastRev, s.holdRev = PhaseStandby, false, "", 0, 0
-	s.cur, s.unconfirmed, s.hold, s.conf = "", false, nil, nil
-	s.pending, s.holdOff, s.holdOffMsg, s.startFails = false, time.Time{}, false, 0
-	s.seenTiming = ""
+	s.phase, s.lastRev, s.pending, s.cur = PhaseStandby, 0, false, ""
+	s.holder, s.seenTiming = "", ""
+	s.holdOff, s.holdOffMsg, s.startFails = time.Time{}, false, 0
 	s.mu.Unlock()
 
 	bctx, stop := s.c.reg.Bind(ctx)
 	defer stop()
 	cl := newClocks(1)
-	w, err := s.c.watch(bctx, "supervisor", s.key, []string{s.key}, cl)
-	if err != nil {
+	s.wake = nil
+	if w, err := s.c.watch(bctx, "supervisor", s.key, []string{s.key}, cl); err != nil {
 		s.event(PhaseStandby, "no watch on the key; polling", err)
 	} else {
 		defer w.stop()
+		s.wake = w.wake
 	}
 	if err := s.stopService(bctx, true); err != nil {
 		s.event(PhaseStandby, "starting: stopping the service failed; trying again each stroke", err)
 	} else {
 		s.event(PhaseStandby, "starting: service stopped", nil)
 	}
-	every := s.c.o.renewEvery()
+	var held *lease
 	for bctx.Err() == nil {
 		begin := time.Now()
-		s.pumpCycle(bctx, cl, w)
-		_ = driver.Sleep(bctx, time.Until(begin.Add(every)))
-	}
-	return s.shutdown(ctx)
-}
-
-// pumpCycle is one stroke of the pump, from Start to End in putex's chart
-// but for the final wait.
-func (s *Supervisor) pumpCycle(ctx context.Context, cl *clocks, w *watch) {
-	s.retryStop(ctx)
-	rctx, cancel := context.WithTimeout(ctx, s.c.o.renew)
-	r, err := s.c.st.read(rctx, s.key)
-	cancel()
-	holding, lastRev := s.holding()
-	switch {
-	case ctx.Err() != nil:
-		return
-	case err != nil && !holding:
-		s.event(PhaseStandby, "cannot read the key", err)
-		return
-	case err != nil:
-		// Try to renew what we last wrote: if the broker is gone the
-		// write fails too, and the service stops.
-		r = record{rev: lastRev, holder: s.value, exists: true}
-	default:
-		cl.see(0, r.rev, r.at)
-		if _, t, ok := parseValue(r.holder); ok {
-			cl.noteTiming(0, t)
-		}
-	}
-	if holding {
-		switch {
-		case r.rev == lastRev && !s.isOwn(r.holder):
-			// Not our write at our revision: the bucket was made again
-			// and its revisions reached ours.
-			s.lose(ctx, r, fmt.Sprintf("the key holds another value at this agent's last revision %d: the bucket was made again", lastRev))
-		case r.rev <= lastRev: // our last write (an older one: a stale read, or a bucket made again, where the renewal fails)
-			s.renew(ctx)
-		case holderToken(r.holder) == s.token:
-			s.lose(ctx, r, fmt.Sprintf("the key holds this agent's token written by another agent (revision %d, this agent's last is %d): two agents have the same token", r.rev, lastRev))
-		case r.free():
-			s.lose(ctx, r, "the key was blanked or deleted by someone else")
-		default:
-			why := "the key holds another token"
-			since := time.Since(s.lastWriteStart())
-			if T := s.c.o.ttl(); since < T {
-				// No agent with our T could have taken it over yet.
-				why += fmt.Sprintf(", written within %v of this agent's last write, before T = %v: a client that did not go by the timing in this agent's value took it (an older version, or a write by hand)", since.Round(time.Millisecond), T)
+		l, wait := s.stroke(bctx, cl)
+		if l != nil {
+			if held = s.serve(bctx, l); held != nil {
+				break // Run is ending while it holds: shutdown releases
 			}
-			s.lose(ctx, r, why)
+			// The stroke that let go of the key lasts R too: the other
+			// agents get the blank key first.
+			_ = driver.Sleep(bctx, s.c.o.renewEvery())
+			continue
 		}
-		return
+		// The stroke lasts at least R, or until the key is freed, or
+		// the holder's silence has lasted T.
+		t := time.NewTimer(min(wait, time.Until(begin.Add(s.c.o.renewEvery()))))
+		select {
+		case <-bctx.Done():
+		case <-s.wake:
+		case <-t.C:
+		}
+		t.Stop()
 	}
-	pending := s.takePending()
-	switch {
-	case r.free() && cl.rebornHold(0, s.c.o.ttl()):
-		// The key vanished, or its revision went back (the bucket was
-		// made again), less than T ago: its holder before that may
-		// still believe it holds it. Wait for T without a write, as for
-		// a held key.
-		s.standby(ctx, r, cl, w)
-	case r.free():
-		s.takeFree(ctx, r)
-	case s.isOwn(r.holder) && r.rev == lastRev:
-		// The agent's own last write: it stopped holding (its hold ran
-		// out, or Stop or the blank failed) and no one wrote since.
-		s.takeOwn(ctx, r, "found its own last write still in the key")
-	case s.isOwn(r.holder) && pending:
-		s.takeOwn(ctx, r, "found its own token in the key after a write whose answer was lost")
-	default:
-		s.standby(ctx, r, cl, w)
-	}
+	return s.shutdown(ctx, held)
 }
 
-// retryStop calls Stop again if an earlier Stop failed and the agent does
-// not hold the key.
+// stroke is one stroke of the pump while the agent does not hold the
+// key: stop the service if an earlier Stop failed, then one attempt at
+// the key. It returns the lease won, or how long to wait before the
+// next stroke at most.
+func (s *Supervisor) stroke(ctx context.Context, cl *clocks) (*lease, time.Duration) {
+	s.retryStop(ctx)
+	a := attempt{op: "supervisor", name: s.key, key: s.key, token: s.value, agent: s}
+	got, err := s.c.tryKey(ctx, a, cl, &serverClock{st: s.c.st})
+	var held *locks.HeldError
+	switch {
+	case err == nil:
+		return got.(*lease), 0
+	case ctx.Err() != nil:
+	case s.Phase() == PhaseConfirming:
+		s.gaveUp(err)
+	case errors.As(err, &held):
+		if held.RetryAfter > 0 {
+			return nil, held.RetryAfter
+		}
+		return nil, s.c.o.renewEvery()
+	default:
+		s.event(PhaseStandby, "attempt at the key failed", err)
+	}
+	if s.Phase() == PhaseConfirming {
+		s.setPhase(PhaseStandby)
+	}
+	return nil, s.c.o.renewEvery()
+}
+
+// retryStop calls Stop again if an earlier Stop failed.
 func (s *Supervisor) retryStop(ctx context.Context) {
-	if holding, _ := s.holding(); holding || !s.serviceUp() {
+	if !s.serviceUp() {
 		return
 	}
 	if err := s.stopService(ctx, false); err != nil {
@@ -351,4 +341,13 @@ func (s *Supervisor) retryStop(ctx context.Context) {
 		return
 	}
 	s.event(PhaseStandby, "service stopped", nil)
+}
+
+func (s *Supervisor) setPhase(p Phase) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.phase = p
+	if p == PhaseStandby {
+		s.holder = ""
+	}
 }

@@ -10,91 +10,135 @@ import (
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
-// This file holds what a Supervisor does to its service and its key when
-// it starts, stops and gives up: Start, Stop, the blank, shutdown, and
-// its events.
+// This file holds what a Supervisor does to its service and its key
+// while it holds the key and when it lets go: Start, Stop, the blank,
+// shutdown, and its events.
 
-// activate starts the service and enters PhaseActive, unless Run is
-// ending (its shutdown then blanks the key).
-func (s *Supervisor) activate(ctx context.Context) {
-	if ctx.Err() != nil {
-		return
+// serve runs the service on the hold l: Start, then wait for the hold to
+// end, then stop the service and blank the key. It returns l when Run
+// ends while the agent holds the key (its shutdown releases it), nil once
+// the hold is over.
+func (s *Supervisor) serve(ctx context.Context, l *lease) *lease {
+	if !s.activate(ctx, l) {
+		if ctx.Err() != nil {
+			return l
+		}
+		return nil
 	}
-	s.mu.Lock()
-	dl, token := s.holdDeadline(), s.holdRev
-	s.mu.Unlock()
-	sctx, cancel := context.WithDeadline(ctx, dl)
+	select {
+	case <-ctx.Done():
+		return l
+	case <-l.Context().Done():
+	}
+	s.endHold(ctx, l, "", nil)
+	return nil
+}
+
+// endReason says why the hold l ended, in the words of the events, and
+// the error behind it: a failed renewal or check, the client closing, or
+// its deadline passing, with the failure of the renewal round that was
+// under way then, if any (a health check that hangs).
+func endReason(l *lease) (string, error) {
+	var end holdEnd
+	switch err := context.Cause(l.Context()); {
+	case errors.As(err, &end):
+		return end.why, end.err
+	case errors.Is(err, locks.ErrClosed):
+		return "the client closed", nil
+	}
+	const expired = "no successful write for T minus the safety margin"
+	if f := l.lastFailure(); f != nil {
+		return f.why + " (" + expired + ")", f.err
+	}
+	return expired, nil
+}
+
+// activate starts the service on the hold l and enters PhaseActive. It
+// reports whether the service runs: not when Run is ending (its shutdown
+// then releases the hold), nor when Start failed or the hold ran out
+// meanwhile (the hold is then over).
+func (s *Supervisor) activate(ctx context.Context, l *lease) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	// Start's context ends with Run's, with the hold, and at the hold's
+	// deadline as it stands: renewals go on while Start runs, but Start
+	// must not count on them.
+	sctx, cancel := context.WithDeadline(ctx, l.Deadline())
 	defer cancel()
+	defer context.AfterFunc(l.Context(), cancel)()
 	s.svcMu.Lock()
 	s.up = true
 	var err error
 	if s.svc.Start != nil {
-		err = protect(func() error { return s.svc.Start(sctx, token) })
+		err = protect(func() error { return s.svc.Start(sctx, l.Token()) })
 	}
 	s.svcMu.Unlock()
-	if err != nil && ctx.Err() != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
 		// Run is ending: its shutdown stops the service and blanks the key.
 		s.event(PhaseStandby, "Run is ending: Start was cut short", err)
-		return
-	}
-	if err != nil {
-		s.abort(ctx, "starting the service failed", err)
+		return false
+	case err != nil:
+		s.endHold(ctx, l, "starting the service failed", err)
 		s.mu.Lock()
 		s.startFails++
 		s.holdOff = time.Now().Add(s.c.o.ttl() << min(s.startFails-1, 3))
 		s.holdOffMsg = false
 		s.mu.Unlock()
-		return
+		return false
+	case !l.Live():
+		s.endHold(ctx, l, "the hold ran out while the service started", nil)
+		return false
 	}
 	s.mu.Lock()
-	held := s.phase != PhaseStandby || s.holdLive()
-	if held {
-		s.phase = PhaseActive
-		s.holder = s.token
-		s.startFails = 0
-	}
+	s.phase = PhaseActive
+	s.holder = s.token
+	s.startFails = 0
 	s.mu.Unlock()
-	if !held { // the hold ran out while the service started
-		if err := s.stopService(ctx, false); err != nil {
-			s.event(PhaseStandby, "the hold ran out while the service started: stopping the service failed; trying again next stroke", err)
-		} else {
-			s.event(PhaseStandby, "the hold ran out while the service started: service stopped", nil)
-		}
-		return
-	}
-	s.event(PhaseActive, fmt.Sprintf("active: service started with fencing token %d", token), nil, withHolder(s.token, token))
+	s.event(PhaseActive, fmt.Sprintf("active: service started with fencing token %d", l.Token()), nil, withHolder(s.token, l.Token()))
+	return true
 }
 
-// abort stops the service, then makes one attempt to blank the key, and
-// goes back to standby. Stop comes first (putex's chart blanks first): a
-// blank key is taken at once, so blanking it while Stop still runs would
-// let another agent start its service before this one has stopped. When
-// Stop fails the key is not blanked at all.
-func (s *Supervisor) abort(ctx context.Context, why string, cause error) {
-	_, rev := s.holding()
-	s.mu.Lock()
-	unconfirmed := s.unconfirmed
-	s.mu.Unlock()
-	s.disarm(PhaseStandby)
-	what := ": service not running" // stopped already (the hold ran out), or never started
+// endHold lets go of the hold l, which ended (or failed to start) for
+// why ("" to say why it ended: see endReason): stop the service, then
+// blank the key (the lease's release, see [lease.releaseAgent]), and go
+// back to standby. When Stop fails the key is not blanked, and Stop is
+// tried again each stroke.
+func (s *Supervisor) endHold(ctx context.Context, l *lease, why string, cause error) {
+	s.setPhase(PhaseStandby)
+	what := ": service not running" // stopped already, or never started
 	if s.serviceUp() {
 		what = ": service stopped"
 	}
-	if err := s.stopService(ctx, false); err != nil {
-		s.event(PhaseStandby, why+": stopping the service failed; the key is not blanked, Stop is tried again next stroke", errors.Join(cause, err))
+	stopErr, err := s.letGo(ctx, l)
+	if why == "" { // after the release, which waits for the round under way
+		why, cause = endReason(l)
+	}
+	rev, uncertain := l.lastWrite()
+	s.mu.Lock()
+	s.lastRev = rev
+	s.pending = s.pending || uncertain
+	s.mu.Unlock()
+	if stopErr != nil {
+		s.event(PhaseStandby, why+": stopping the service failed; the key is not blanked, Stop is tried again next stroke", errors.Join(cause, stopErr))
 		return
 	}
-	errs := []error{cause}
-	switch {
-	case rev != 0 && unconfirmed:
-		// A hold whose confirmations did not finish: its predecessor may
-		// still be stopping its service, so the key keeps the last write,
-		// and the next agent waits T without a write and confirms.
-		what += "; the key is not blanked (the confirmations did not finish)"
-	case rev != 0:
-		errs = append(errs, s.blank(ctx, rev, s.c.o.renew))
+	if cause == nil {
+		cause = err
 	}
-	s.event(PhaseStandby, why+what, errors.Join(errs...))
+	s.event(PhaseStandby, why+what, cause)
+}
+
+// letGo stops the service, then releases the hold l: its key is blanked
+// unless Stop failed. Stop comes first, at once: the release waits for a
+// renewal under way, which may hang until T has passed. It returns Stop's
+// error and the release's.
+func (s *Supervisor) letGo(ctx context.Context, l *lease) (stopErr, err error) {
+	if stopErr = s.stopService(ctx, false); stopErr != nil {
+		l.keepKey(stopErr)
+	}
+	return stopErr, l.Release(context.WithoutCancel(ctx))
 }
 
 // serviceUp says whether the service may be running: Start was called
@@ -122,20 +166,6 @@ func (s *Supervisor) blank(ctx context.Context, rev uint64, timeout time.Duratio
 	}
 	s.c.rememberBlank(s.key, nrev)
 	return nil
-}
-
-// lose stops the service after the key was taken away.
-func (s *Supervisor) lose(ctx context.Context, r record, why string) {
-	s.disarm(PhaseStandby)
-	what := ": service not running"
-	if s.serviceUp() {
-		what = ": service stopped"
-	}
-	if err := s.stopService(ctx, false); err != nil {
-		s.event(PhaseStandby, why+": stopping the service failed; trying again next stroke", err, withHolder(r.holder, r.rev))
-		return
-	}
-	s.event(PhaseStandby, why+what, nil, withHolder(r.holder, r.rev))
 }
 
 // stopBudget returns T + C·R, how long Stop may run: a standby starts no
@@ -192,39 +222,43 @@ func (s *Supervisor) seeHolder(r record) {
 	}
 }
 
-// shutdown ends Run: stop the service, blank the key if it still holds
-// the agent's last write (at that revision only: unlike a lease's
-// release, it does not re-read the key, since a successor may carry the
-// same token), unless Stop failed.
-func (s *Supervisor) shutdown(ctx context.Context) error {
-	_, rev := s.holding()
-	s.mu.Lock()
-	unconfirmed := s.unconfirmed
-	s.done = true
-	s.phase = PhaseStopped
-	s.leaveHold()
-	s.mu.Unlock()
+// shutdown ends Run: stop the service and blank the key if the agent
+// holds it (held's release: the key keeps the agent's last write when
+// Stop failed, or when the agent was confirming a takeover, which holds
+// nothing yet), or just stop it (Stop runs when Run returns, also from
+// standby: see [Service.Stop]).
+func (s *Supervisor) shutdown(ctx context.Context, held *lease) error {
+	confirming := s.Phase() == PhaseConfirming
 	errs := []error{ctx.Err()}
 	if errs[0] == nil {
 		errs[0] = locks.ErrClosed
 	}
-	// Stop runs when Run returns, also from standby (see [Service.Stop]).
 	msg := "stopped"
-	switch err := s.stopService(ctx, true); {
-	case err != nil:
+	var err error
+	if held != nil {
+		var rerr error
+		err, rerr = s.letGo(ctx, held)
+		if err == nil && !errors.Is(rerr, locks.ErrLost) {
+			err = rerr // not ended already (the client closed): the blank's error
+		}
+	} else {
+		err = s.stopService(ctx, true)
+	}
+	switch {
+	case errors.Is(err, ErrStopFailed):
 		msg = "stopped; stopping the service failed: it may still run, and the key was not blanked"
-		errs = append(errs, err)
-	case rev != 0 && unconfirmed:
+	case confirming:
 		// Its predecessor may still be stopping its service: the next
 		// agent must wait T without a write and confirm, not find the
 		// key free.
 		msg = "stopped while confirming a takeover: the key was not blanked"
-	case rev != 0:
-		errs = append(errs, s.blank(ctx, rev, s.c.o.ttl()))
 	}
-	err := errors.Join(errs...)
+	errs = append(errs, err)
+	s.mu.Lock()
+	s.phase = PhaseStopped
+	s.mu.Unlock()
 	s.event(PhaseStopped, msg, nil)
-	return driver.Errorf(backend, "supervisor", s.key, err)
+	return driver.Errorf(backend, "supervisor", s.key, errors.Join(errs...))
 }
 
 type eventOpt func(*Event)

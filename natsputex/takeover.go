@@ -9,9 +9,12 @@ import (
 	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
-// This file holds the protocol's takeover step, which the Locker and the
-// Supervisor share (takeOver, confirmation, confirmWrite), and the
-// Locker's attempt on one key built on it.
+// This file holds one attempt at one key, which a Locker's Lock, a
+// Semaphore's Acquire and a Supervisor's stroke all make: take a free key
+// at once, or a silent holder's key over and confirm it, and hand out a
+// lease. A Supervisor's attempt (attempt.agent) adds putex's parts: its
+// health checks, its own token found in the key, and the hold-off after
+// a failed Start (see supervisor_agent.go).
 
 // takeOver writes value over the key as r shows it, and wins only if no
 // one wrote since r was read (see [store.claim]): the write that takes a
@@ -73,12 +76,27 @@ func (c *Client) confirmWrite(wctx context.Context, cf *confirmation, value stri
 	return nrev, err
 }
 
-// attempt is one try of a Lock or Acquire at one key.
+// attempt is one try of a Lock, an Acquire or a Supervisor's stroke at
+// one key.
 type attempt struct {
 	op, name, key string
-	i             int    // the key's index in the call's keys (and clocks)
-	slot          int    // the lease's slot: 0 for a lock, i+1 for a semaphore
-	token         string // the lease's token, if it wins
+	i             int         // the key's index in the call's keys (and clocks)
+	slot          int         // the lease's slot: 0 for a lock, i+1 for a semaphore
+	token         string      // what the lease writes once it holds the key: a Locker's token, or a Supervisor's value
+	agent         *Supervisor // the Supervisor making the attempt; nil for a Locker's
+}
+
+// confirmValue returns what the attempt writes while it confirms a
+// takeover with timing tm: its token with tm, so that the next taker
+// waits and confirms as long (see [confirmation]).
+func (a attempt) confirmValue(tm timing) string {
+	if a.agent != nil {
+		return a.agent.confirmValue(tm)
+	}
+	if tm.confirm > 0 {
+		return valueOf(a.token, tm)
+	}
+	return a.token
 }
 
 // held returns the answer of an attempt that found the key held by
@@ -95,8 +113,11 @@ func (a attempt) errorf(step string, err error) error {
 // tryKey makes one attempt at a key: over a blank it knows of, else by a
 // read, then taking a free key at once, or a silent one over.
 func (c *Client) tryKey(ctx context.Context, a attempt, cl *clocks, clock *serverClock) (locks.Lease, error) {
-	if lease, err, done := c.tryOverBlank(ctx, a, cl); done {
-		return lease, err
+	if a.agent == nil {
+		// A Supervisor reads first: it checks its health before it writes.
+		if lease, err, done := c.tryOverBlank(ctx, a, cl); done {
+			return lease, err
+		}
 	}
 	octx, cancel := c.opContext(ctx)
 	r, err := c.st.read(octx, a.key)
@@ -111,6 +132,16 @@ func (c *Client) tryKey(ctx context.Context, a attempt, cl *clocks, clock *serve
 	// Locker's token carries its T, a Supervisor's value its T and C·R.
 	_, ht, _ := parseValue(r.holder)
 	cl.noteTiming(a.i, ht)
+	if a.agent != nil {
+		if why, own := a.agent.ownWrite(r); own {
+			// Its own last write, or one whose answer was lost: taken
+			// at once, and confirmed as after a takeover.
+			if wait := a.agent.heldOff(); wait > 0 {
+				return nil, a.held(r.holder, wait, nil)
+			}
+			return c.takeSilent(ctx, a, r, ht, why, false)
+		}
+	}
 	// A free key is taken at once, unless this call saw it vanish or its
 	// revision go back (the bucket made again) less than T ago: a holder
 	// of the key's past may still hold it, so it is taken as a held key,
@@ -120,6 +151,12 @@ func (c *Client) tryKey(ctx context.Context, a attempt, cl *clocks, clock *serve
 	}
 	if r.free() {
 		ht = cl.longest(a.i) // a holder of the key's past: the longest seen
+	}
+	if a.agent != nil {
+		// putex's standby checks its health every stroke.
+		if err := a.agent.standbyCheck(ctx, r); err != nil {
+			return nil, a.held(r.holder, c.o.renewEvery(), err)
+		}
 	}
 	T := max(c.o.ttl(), ht.ttl)
 	if quiet < T && !r.at.IsZero() && !cl.measured(a.i, r.rev) {
@@ -135,12 +172,18 @@ func (c *Client) tryKey(ctx context.Context, a attempt, cl *clocks, clock *serve
 			quiet = cl.backdate(a.i, r.rev, now.Sub(r.at))
 		}
 	}
+	checked := a.agent != nil
+	if quiet < T && a.agent != nil && a.agent.awaitSilence(ctx, cl, a.i, r.rev, T) {
+		// putex's standby waits out T in its stroke, then checks its
+		// health again and writes at the revision it read.
+		quiet, checked = T, false
+	}
 	if quiet < T {
 		return nil, a.held(r.holder, T-quiet, nil)
 	}
 	// The key has gone T without a write, by the server's clock or this
 	// call's own: the holder is presumed dead.
-	return c.takeSilent(ctx, a, r, ht)
+	return c.takeSilent(ctx, a, r, ht, fmt.Sprintf("took the key over after %v without a write", T), checked)
 }
 
 // tryOverBlank writes over a blank this client left, or this call's
@@ -160,7 +203,7 @@ func (c *Client) tryOverBlank(ctx context.Context, a attempt, cl *clocks) (lease
 	cancel()
 	switch {
 	case err == nil:
-		lease, err = c.hold(ctx, a.op, a.name, a.key, a.slot, a.token, nrev, nrev, start)
+		lease, err = c.hold(ctx, a, nrev, nrev, start)
 		return lease, err, true
 	case isConflict(err):
 		return nil, nil, false
@@ -168,8 +211,18 @@ func (c *Client) tryOverBlank(ctx context.Context, a attempt, cl *clocks) (lease
 	return nil, driver.Errorf(backend, a.op, a.name, err), true
 }
 
-// takeFree takes the free key r describes: held at once.
+// takeFree takes the free key r describes: held at once. A Supervisor
+// first checks its health (told [Active]), and leaves the key alone
+// while it holds off after a failed Start.
 func (c *Client) takeFree(ctx context.Context, a attempt, r record) (locks.Lease, error) {
+	if a.agent != nil {
+		if wait := a.agent.heldOff(); wait > 0 {
+			return nil, a.held(r.holder, wait, nil)
+		}
+		if err := a.agent.activeCheck(ctx); err != nil {
+			return nil, a.held(r.holder, c.o.renewEvery(), err)
+		}
+	}
 	start := time.Now()
 	octx, cancel := c.writeContext(ctx)
 	rev, err := c.st.claim(octx, a.key, a.token, r)
@@ -178,24 +231,28 @@ func (c *Client) takeFree(ctx context.Context, a attempt, r record) (locks.Lease
 	case isConflict(err):
 		return nil, a.held(r.holder, 0, err)
 	case err != nil:
+		a.writeFailed(err)
 		return nil, a.errorf("write", err)
 	}
-	return c.hold(ctx, a.op, a.name, a.key, a.slot, a.token, rev, rev, start)
+	a.wrote(rev)
+	return c.hold(ctx, a, rev, rev, start)
 }
 
 // takeSilent takes over the key r describes, silent for T, whose holder's
 // value carried ht, and confirms the takeover (see [confirmation]) before
-// the lease is handed out. The last confirmation writes the lease's own
-// token.
-func (c *Client) takeSilent(ctx context.Context, a attempt, r record, ht timing) (locks.Lease, error) {
-	if err := c.healthCheck(ctx, Standby); err != nil {
-		return nil, a.held(r.holder, c.o.renew, err)
+// the lease is handed out; why says so in a Supervisor's events. The
+// last confirmation writes the lease's own token. A Supervisor also takes
+// its own write this way (see [Supervisor.ownWrite]). The health check
+// (told [Standby]) comes first, unless checked says the attempt ran it.
+func (c *Client) takeSilent(ctx context.Context, a attempt, r record, ht timing, why string, checked bool) (locks.Lease, error) {
+	if !checked {
+		if err := c.healthCheck(ctx, Standby); err != nil {
+			a.report("health check failed", err)
+			return nil, a.held(r.holder, c.o.renew, err)
+		}
 	}
 	tm := c.o.timing().longer(ht)
-	value := a.token
-	if tm.confirm > 0 {
-		value = valueOf(a.token, tm)
-	}
+	value := a.confirmValue(tm)
 	octx, cancel := c.writeContext(ctx)
 	won, start, err := c.takeOver(octx, a.name, a.key, value, r)
 	cancel()
@@ -203,33 +260,79 @@ func (c *Client) takeSilent(ctx context.Context, a attempt, r record, ht timing)
 	case isConflict(err):
 		return nil, a.held(r.holder, 0, err)
 	case err != nil:
+		a.writeFailed(err)
 		return nil, a.errorf("take over", err)
 	}
+	a.wrote(won)
 	cf := confirmationOf(a.name, a.key, value, won, start, tm)
-	rev := won
-	for done := tm.confirm == 0; !done; {
-		if err = driver.Sleep(ctx, c.o.renewEvery()); err != nil {
-			break
-		}
-		due, next := cf.due(time.Now()), cf.value
-		if due {
-			next = a.token
-		}
-		start = time.Now()
-		octx, cancel := c.opContext(ctx)
-		rev, err = c.confirmWrite(octx, cf, next, due, rev)
-		cancel()
-		if err != nil {
-			break
-		}
-		done = due
+	if a.agent != nil {
+		a.agent.confirming(cf, why)
 	}
+	rev, start, err := c.confirm(ctx, a, cf)
 	switch {
 	case err == nil:
-		return c.hold(ctx, a.op, a.name, a.key, a.slot, a.token, won, rev, start)
+		return c.hold(ctx, a, won, rev, start)
 	case isConflict(err):
 		return nil, a.held(r.holder, 0, fmt.Errorf("lost the key while confirming the takeover: %w", err))
 	}
 	// Not blanked (see confirmation).
 	return nil, a.errorf("confirm takeover of", err)
+}
+
+// confirm makes the writes of the confirmation cf, one every renewal
+// interval, until its span has passed; the last one writes the lease's
+// own token. A Supervisor checks its health (told [Active]) before that
+// last write. It returns the revision of the last write and when it
+// began.
+func (c *Client) confirm(ctx context.Context, a attempt, cf *confirmation) (uint64, time.Time, error) {
+	rev, start := cf.won, cf.since
+	for done := cf.span == 0; !done; {
+		if err := driver.Sleep(ctx, c.o.renewEvery()); err != nil {
+			return 0, start, err
+		}
+		due, next := cf.due(time.Now()), cf.value
+		if due {
+			next = a.token
+			if a.agent != nil {
+				if err := a.agent.activeCheck(ctx); err != nil {
+					return 0, start, err
+				}
+			}
+		}
+		start = time.Now()
+		octx, cancel := c.opContext(ctx)
+		nrev, err := c.confirmWrite(octx, cf, next, due, rev)
+		cancel()
+		if err != nil {
+			a.writeFailed(err)
+			return 0, start, err
+		}
+		rev = nrev
+		a.wrote(rev)
+		done = due
+	}
+	return rev, start, nil
+}
+
+// wrote tells a Supervisor making the attempt that a write of its own
+// landed at rev.
+func (a attempt) wrote(rev uint64) {
+	if a.agent != nil {
+		a.agent.wrote(rev)
+	}
+}
+
+// writeFailed tells a Supervisor making the attempt that a write failed:
+// unless the error is a conflict, it may have landed all the same.
+func (a attempt) writeFailed(err error) {
+	if a.agent != nil {
+		a.agent.writeFailed(err)
+	}
+}
+
+// report tells a Supervisor's observer of a step that failed.
+func (a attempt) report(msg string, err error) {
+	if a.agent != nil {
+		a.agent.event(PhaseStandby, msg, err)
+	}
 }

@@ -54,6 +54,7 @@ type Lease struct {
 
 	releaseOnce sync.Once
 	releaseErr  error
+	freeErr     error // the broker's error of the release, whoever ran it
 
 	afterEnd []*func() // see AfterEnd; under mu, nil once ended
 }
@@ -102,7 +103,7 @@ func (c *leaseContext) Err() error {
 		return err
 	}
 	c.l.mu.Lock()
-	if !c.l.deadline.IsZero() && !time.Now().Before(c.l.deadline) {
+	if c.l.pastDeadlineLocked() {
 		c.l.endLocked(c.l.expired())
 	}
 	c.l.mu.Unlock()
@@ -117,12 +118,25 @@ func (l *Lease) Deadline() time.Time {
 	return l.deadline
 }
 
+// pastDeadlineLocked reports whether the validity deadline has passed,
+// whether or not its timer has run yet (a process resumed after a pause).
+// Call with l.mu held.
+func (l *Lease) pastDeadlineLocked() bool {
+	return !l.deadline.IsZero() && !time.Now().Before(l.deadline)
+}
+
 // Extend moves the validity deadline to until and reports whether the
-// lease is still live. A deadline already past ends the lease at once.
+// lease is still live. A deadline already past, the current one or
+// until, ends the lease at once: a renewal answered after the lease ran
+// out does not bring it back.
 func (l *Lease) Extend(until time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ctx.Err() != nil {
+		return false
+	}
+	if l.pastDeadlineLocked() {
+		l.endLocked(l.expired())
 		return false
 	}
 	l.deadline = until
@@ -153,7 +167,8 @@ func (l *Lease) expired() error {
 }
 
 // End ends the lease with cause unless it has ended already, and reports
-// whether this call ended it. Backends call it with [Lost] or [Preempted]
+// whether this call ended it; a lease whose deadline has passed ends as
+// expired, whatever the cause. Backends call it with [Lost] or [Preempted]
 // when the broker tells them the lease is gone. It does not touch the
 // broker: call Release for that.
 func (l *Lease) End(cause error) bool {
@@ -165,6 +180,9 @@ func (l *Lease) End(cause error) bool {
 func (l *Lease) endLocked(cause error) bool {
 	if l.ctx.Err() != nil {
 		return false
+	}
+	if l.pastDeadlineLocked() {
+		cause = l.expired() // it ran out first, whatever ends it now
 	}
 	l.cancel(cause)
 	if l.timer != nil {
@@ -216,6 +234,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.releaseOnce.Do(func() {
 		released := l.End(locks.ErrReleased)
 		err := l.free(ctx)
+		l.freeErr = err
 		// A lease that had ended already reports why (ErrLost...), also
 		// when the cleanup at the broker failed too.
 		var errs []error

@@ -176,8 +176,9 @@ func (r *Registry) forget(l *Lease) {
 // ctx ends first, Close returns an error matching ctx.Err() and the rest
 // finishes in the background ([Registry.Done] says when). Close returns
 // the errors of the releases at the broker that failed, each naming its
-// lease, for the backend to wrap with its own name ([Errorf]). It is
-// idempotent: later calls return nil at once.
+// lease, for the backend to wrap with its own name ([Errorf]), also those
+// of a Release that was under way when Close began. It is idempotent:
+// later calls return nil at once.
 func (r *Registry) Close(ctx context.Context, cause error) error {
 	r.mu.Lock()
 	if r.closed {
@@ -207,13 +208,15 @@ func (r *Registry) Close(ctx context.Context, cause error) error {
 				// Without ctx's cancellation: a release cut short would leave
 				// the name held until the broker's TTL; the backend bounds
 				// its own calls, and Close stops waiting when ctx ends.
-				if err := l.free(context.WithoutCancel(ctx)); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("release %q: %w", l.Name(), err))
-					mu.Unlock()
-				}
+				l.freeErr = l.free(context.WithoutCancel(ctx))
 				l.releaseErr = Errorf(r.backend, "release", l.Name(), context.Cause(l.ctx))
 			})
+			// Also when a Release under way when Close began did the work.
+			if err := l.freeErr; err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("release %q: %w", l.Name(), err))
+				mu.Unlock()
+			}
 		})
 	}
 	go func() {

@@ -306,3 +306,36 @@ func TestRegistryLostLeasesEndTogether(t *testing.T) {
 		t.Errorf("clean-ups ran one at a time (at most %d at once)", most.Load())
 	}
 }
+
+// TestCloseReportsConcurrentRelease: a Release under way when Close
+// begins does the release at the broker; Close waits for it and returns
+// its error too (a natsputex Supervisor's failed Stop is such an error).
+func TestCloseReportsConcurrentRelease(t *testing.T) {
+	r, err := driver.NewRegistry(driver.Config{Backend: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inRelease, unblock := make(chan struct{}), make(chan struct{})
+	failed := errors.New("release failed (test)")
+	l, err := r.NewLease(context.Background(), driver.Spec{Name: "a", Release: func(context.Context) error {
+		close(inRelease)
+		<-unblock
+		return failed
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = l.Release(context.Background()) }()
+	<-inRelease
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close(context.Background(), nil) }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned %v before the Release under way finished", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(unblock)
+	if err := <-closed; !errors.Is(err, failed) {
+		t.Fatalf("Close = %v, want the error of the Release under way", err)
+	}
+}
