@@ -42,16 +42,6 @@ func rerun5(n *node4) {
 	n.run(ctx)
 }
 
-// firstByAfter returns the first write of token stored after t.
-func (w *keyWatch) firstByAfter(token string, t time.Time) (keyWrite, bool) {
-	for _, kw := range w.writesAfter(t) {
-		if kw.value == token {
-			return kw, true
-		}
-	}
-	return keyWrite{}, false
-}
-
 // TestAttack5LateStandby: the server-clock rule. "A call measures that
 // silence from the key's last write, as the stream leader's clock stamped
 // it, to the time the same server stamps on a write of its own made when
