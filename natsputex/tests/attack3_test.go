@@ -879,8 +879,20 @@ func TestAttack3LostConfirmationReply(t *testing.T) {
 							mu.Unlock()
 						}
 						if c.who == "taker" {
+							grantAt := time.Now()
+							// The test's watch may lag the taker's own (seen
+							// in a CI run under -race: the blank before a
+							// free take was not in yet): wait for the grant.
+							seen := func() bool {
+								writes.mu.Lock()
+								defer writes.mu.Unlock()
+								return len(writes.writes) > 0 && writes.writes[len(writes.writes)-1].rev >= l.Token()
+							}
+							for end := time.Now().Add(2 * time.Second); !seen() && time.Now().Before(end); {
+								time.Sleep(5 * time.Millisecond)
+							}
 							mu.Lock()
-							takerGrant = time.Now()
+							takerGrant = grantAt
 							writes.mu.Lock()
 							for _, w := range writes.writes {
 								if w.rev < l.Token() {

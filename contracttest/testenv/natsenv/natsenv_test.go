@@ -236,9 +236,12 @@ func TestClusterIsolate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kv.Put(testContext(t), "k", []byte("v1")); err != nil {
-		t.Fatal(err)
-	}
+	// A new R3 stream may still be electing its leader under load (seen
+	// in a CI run: the first write timed out after 10s).
+	eventually(t, 30*time.Second, func(ctx context.Context) error {
+		_, err := kv.Put(ctx, "k", []byte("v1"))
+		return err
+	})
 	x := c.MetaLeader()
 	if x < 0 {
 		t.Fatal("no meta leader after StartClusterWith")
