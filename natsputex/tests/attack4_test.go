@@ -91,7 +91,13 @@ type node4 struct {
 // opts, a Supervisor of key with token, and runs it unless run is false.
 func startNode4(t *testing.T, url, bucket, key, name, token string, h *contracttest.History, run bool, opts ...natsputex.Option) *node4 {
 	t.Helper()
-	nc, js, err := connect(url, nats.IgnoreDiscoveredServers())
+	return startNodeConn(t, []nats.Option{nats.IgnoreDiscoveredServers()}, url, bucket, key, name, token, h, run, opts...)
+}
+
+// startNodeConn is startNode4 on a connection made with connOpts.
+func startNodeConn(t *testing.T, connOpts []nats.Option, url, bucket, key, name, token string, h *contracttest.History, run bool, opts ...natsputex.Option) *node4 {
+	t.Helper()
+	nc, js, err := connect(url, connOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
