@@ -128,10 +128,11 @@ type Service struct {
 //
 // Each pump stroke lasts at least R (or the shorter renewal period of the
 // package doc, when T minus the safety margin is under 2·R), unless the
-// key is freed meanwhile. An agent that holds the key reads it and
-// rewrites its token at the revision of its own last write, every
-// interval, after its health check passes (told [Active]); the renewals
-// go on while [Service.Start] runs. An agent that finds the key free
+// key is freed meanwhile. An agent that holds the key rewrites its
+// token at the revision of its own last write (and reads the key when
+// that write finds it taken, to say who took it), every interval, after
+// its health check passes (told [Active]); the renewals go on while
+// [Service.Start] runs. An agent that finds the key free
 // (missing or blank) runs its health check (told [Active]), writes its
 // token at the revision it read, and starts the service at once. An
 // agent that finds another token stops its service, runs its health

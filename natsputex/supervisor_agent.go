@@ -193,21 +193,17 @@ func (s *Supervisor) holderTiming(value string) {
 	}
 }
 
-// takenAway says why the key r, read while the agent holds it, is no
-// longer the agent's, "" if it still is; rev is the revision of the
-// hold's last write, begun at start.
-func (s *Supervisor) takenAway(r record, rev uint64, start time.Time) string {
+// takenBy says who took the key from the agent, as r shows it, read
+// after a write at rev, the revision of the hold's last write (begun at
+// start), found the key written since.
+func (s *Supervisor) takenBy(r record, rev uint64, start time.Time) string {
 	switch {
-	case r.rev == rev && !s.isOwn(r.holder):
-		// Not our write at our revision: the bucket was made again and
-		// its revisions reached ours.
-		return fmt.Sprintf("the key holds another value at this agent's last revision %d: the bucket was made again", rev)
-	case r.rev <= rev: // our last write (an older one: a stale read, or a bucket made again, where the renewal fails)
-		return ""
-	case holderToken(r.holder) == s.token:
-		return fmt.Sprintf("the key holds this agent's token written by another agent (revision %d, this agent's last is %d): two agents have the same token", r.rev, rev)
 	case r.free():
 		return "the key was blanked or deleted by someone else"
+	case r.rev <= rev: // a stale read, or a bucket made again
+		return fmt.Sprintf("the key was written by someone else (it reads revision %d, this agent's last is %d)", r.rev, rev)
+	case holderToken(r.holder) == s.token:
+		return fmt.Sprintf("the key holds this agent's token written by another agent (revision %d, this agent's last is %d): two agents have the same token", r.rev, rev)
 	}
 	why := "the key holds another token"
 	if since, T := time.Since(start), s.c.o.ttl(); since < T {
@@ -218,27 +214,24 @@ func (s *Supervisor) takenAway(r record, rev uint64, start time.Time) string {
 }
 
 // renewAgent is a Supervisor's renewal (see [lease.renew], with l.mu
-// held): read the key, and rewrite the agent's value at its own last
-// revision unless someone else wrote since. Unlike a Locker's, it never
-// takes a conflict for its own late answer: its token is not unique to
-// the hold (an agent restarted, or given another's token by mistake).
+// held): rewrite the agent's value at its own last revision; when someone
+// else wrote since, read the key once to say who. Unlike a Locker's, it
+// never takes a conflict for its own late answer: its token is not unique
+// to the hold (an agent restarted, or given another's token by mistake).
 func (l *lease) renewAgent(ctx context.Context) driver.Renewal {
-	c, s := l.c, l.agent
+	c := l.c
 	start := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, c.o.renew)
-	r, err := c.st.read(rctx, l.key)
-	cancel()
-	if err == nil {
-		if why := s.takenAway(r, l.rev, l.Deadline().Add(-c.o.validity())); why != "" {
-			return l.lostLocked(holdEnd{why: why})
-		}
-	}
-	// A failed read renews all the same: if the broker is gone the write
-	// fails too, and the hold ends.
 	rev, err := c.st.renew(ctx, l.key, l.token, l.rev)
 	switch {
 	case isConflict(err):
-		return l.lostLocked(holdEnd{"the key was written by someone else", err})
+		why := "the key was written by someone else"
+		rctx, cancel := context.WithTimeout(ctx, c.o.renew)
+		r, rerr := c.st.read(rctx, l.key)
+		cancel()
+		if rerr == nil {
+			why = l.agent.takenBy(r, l.rev, l.Deadline().Add(-c.o.validity()))
+		}
+		return l.lostLocked(holdEnd{why, err})
 	case err != nil:
 		l.uncertain = true
 		return l.lostLocked(holdEnd{"write failed", err})
