@@ -23,5 +23,8 @@
 // a group of its own is in the background as a terminal sees it: one that
 // reads from the terminal is stopped (SIGTTIN), so give it other input.
 //
+// [NewLogger] makes the logger of the commands' -log-format flag (text or
+// json), so that every command logs alike.
+//
 // This package uses the standard library only.
 package command

@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/latchkey-go/latchkey/amqpsem"
+	"github.com/latchkey-go/latchkey/locks/command"
 )
 
 // config is what the command line says.
@@ -146,8 +147,9 @@ func (cfg *config) apply(f *flags, fail func(int, string, ...any) int) int {
 		return fail(exitUsage, "--connect-timeout must be positive, got %v", *f.connectTimeout)
 	case *f.grace < 0:
 		return fail(exitUsage, "--grace must not be negative, got %v", *f.grace)
-	case *f.logFormat != "text" && *f.logFormat != "json":
-		return fail(exitUsage, "--log-format must be text or json, got %q", *f.logFormat)
+	}
+	if err := command.CheckLogFormat(*f.logFormat); err != nil {
+		return fail(exitUsage, "-%v", err)
 	}
 	cfg.logFormat = *f.logFormat
 	cfg.opts = append(cfg.opts, amqpsem.WithConnectTimeout(*f.connectTimeout))

@@ -166,7 +166,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cfg == nil {
 		return exit
 	}
-	logger = newLogger(stderr, cfg.logFormat).With(slog.String("command", cfg.verb), slog.String("name", cfg.name))
+	base, err := command.NewLogger(stderr, cfg.logFormat, nil)
+	if err != nil { // parse has checked the format
+		return fail(exitUsage, "-%v", err)
+	}
+	logger = base.With(slog.String("command", cfg.verb), slog.String("name", cfg.name))
 	slog.SetDefault(logger) // what the libraries log with the log package
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/latchkey-go/latchkey/locks/command"
 	"github.com/latchkey-go/latchkey/natsputex"
 )
 
@@ -42,13 +42,7 @@ func newLogger(w io.Writer, format string, level slog.Level) (*slog.Logger, erro
 			return a
 		},
 	}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format must be text or json, got %q", format)
+	return command.NewLogger(w, format, opts)
 }
 
 // eventLogger logs the Supervisor's events: a failure at Warn, a change

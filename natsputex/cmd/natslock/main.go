@@ -311,8 +311,9 @@ func checkFlags(cfg *config, f *flags) string {
 		return fmt.Sprintf("-max-reconnects must be >= -1 (-1: forever), got %d", *f.maxReconnects)
 	case (*f.tlsCert == "") != (*f.tlsKey == ""):
 		return "-tlscert and -tlskey go together"
-	case *f.logFormat != "text" && *f.logFormat != "json":
-		return fmt.Sprintf("--log-format must be text or json, got %q", *f.logFormat)
+	}
+	if err := command.CheckLogFormat(*f.logFormat); err != nil {
+		return "-" + err.Error()
 	}
 	if cfg.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(cfg.metricsAddr); err != nil {

@@ -99,7 +99,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cfg == nil {
 		return exit
 	}
-	logger := newLogger(stderr, cfg.logFmt).With(slog.String("name", cfg.name))
+	logger, err := command.NewLogger(stderr, cfg.logFmt, nil)
+	if err != nil { // parse has checked the format
+		return fail(stderr, command.ExitUsage, "%v", err)
+	}
+	logger = logger.With(slog.String("name", cfg.name))
 	slog.SetDefault(logger) // what the libraries log with the log package
 	redis.SetLogger(redisLogger{logger})
 	masters := make([]redis.UniversalClient, len(cfg.addrs))
@@ -161,8 +165,9 @@ func parse(args []string, stderr io.Writer) (*config, int) {
 		return nil, fail(stderr, command.ExitUsage, "-timeout must not be negative, got %v", *timeout)
 	case *grace < 0:
 		return nil, fail(stderr, command.ExitUsage, "-grace must not be negative, got %v", *grace)
-	case *logFmt != "text" && *logFmt != "json":
-		return nil, fail(stderr, command.ExitUsage, "-log-format must be text or json, got %q", *logFmt)
+	}
+	if err := command.CheckLogFormat(*logFmt); err != nil {
+		return nil, fail(stderr, command.ExitUsage, "%v", err)
 	}
 	cfg.opts = []redlockprio.Option{redlockprio.WithTTL(*ttl), redlockprio.WithPriority(*priority)}
 	if *twoMasters {
