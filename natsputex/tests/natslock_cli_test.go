@@ -3,12 +3,10 @@ package natsputex_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,8 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
-	"github.com/latchkey-go/latchkey/natsputex"
+	"github.com/latchkey-go/latchkey/contracttest/cmdtest"
 )
 
 // TestNatslockCLI: --help prints the usage on standard output and exits
@@ -34,13 +31,7 @@ func TestNatslockCLI(t *testing.T) {
 		var o, e bytes.Buffer
 		cmd := exec.Command(bin, args...)
 		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			code = exit.ExitCode()
-		} else if err != nil {
-			t.Fatalf("natslock %q: %v", args, err)
-		}
+		code = cmdtest.ExitCode(t, cmd.Run())
 		return o.String(), e.String(), code
 	}
 
@@ -120,25 +111,14 @@ func TestNatslockKill9(t *testing.T) {
 	p := startNatslock(t, bin, url, bucket, key, "node-a",
 		"-start", fmt.Sprintf(`echo "start $(date +%%s%%N)" >> "$STATE"; sh -c 'echo $$ > %s; exec sleep 60' > /dev/null 2>&1 &`, pidFile),
 		"-stop", `echo "stop $(date +%s%N)" >> "$STATE"`)
-	pid := 0
-	waitFor(t, 10*time.Second, "the service runs in the background", func() bool {
-		b, _ := os.ReadFile(pidFile)
-		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		return pid > 0
-	})
-	gone := false
-	t.Cleanup(func() {
-		if !gone {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	})
+	svc := waitPid(t, 10*time.Second, "the service runs in the background", pidFile)
 	stops := len(p.events(t))
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
 	<-p.done
-	waitFor(t, 3*time.Second, "the background service ends", func() bool { gone = processGone(pid); return gone })
+	waitFor(t, 3*time.Second, "the background service ends", svc.ended)
 	t.Logf("the service's process had ended %v after natslock was killed", time.Since(killed).Round(time.Millisecond))
 	waitFor(t, 3*time.Second, "the stop command runs", func() bool { return len(p.events(t)) > stops && p.lastState() == "stop" })
 	if stop := p.last(t, "stop"); stop.at.Before(killed) {
@@ -207,14 +187,8 @@ func TestNatslockSlowStop(t *testing.T) {
 // (T − margin = 1.25s), the active node renews again in time.
 func TestNatslockServerRestart(t *testing.T) {
 	requireNanoDate(t)
-	if testing.Short() {
-		t.Skip("builds and runs natslock")
-	}
-	bin := buildNatslock(t)
-	srv := natsenv.StartServer(t)
+	bin, srv, bucket := natslockServer(t, "natslockrestart", jetstream.FileStorage)
 	url := srv.URL()
-	bucket := uniqueBucket("natslockrestart")
-	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.FileStorage))
 	const key = "spof-service"
 	const R = 500 * time.Millisecond
 	p := startNatslock(t, bin, url, bucket, key, "node-a", "-r", R.String(), "-reconnect-wait", "50ms")
@@ -313,18 +287,7 @@ func TestNatslockStopFailsExit3(t *testing.T) {
 	p := startNatslock(t, bin, url, bucket, key, "node-a",
 		"-start", fmt.Sprintf(`echo "start $(date +%%s%%N)" >> "$STATE"; sh -c 'echo $$ > %s; exec sleep 60' > /dev/null 2>&1 &`, pidFile),
 		"-stop", `echo "stop $(date +%s%N)" >> "$STATE"; exit 1`)
-	pid := 0
-	waitFor(t, 10*time.Second, "the service runs in the background", func() bool {
-		b, _ := os.ReadFile(pidFile)
-		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		return pid > 0
-	})
-	gone := false
-	t.Cleanup(func() {
-		if !gone {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	})
+	svc := waitPid(t, 10*time.Second, "the service runs in the background", pidFile)
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
@@ -341,21 +304,15 @@ func TestNatslockStopFailsExit3(t *testing.T) {
 	if e, err := kv.Get(context.Background(), key); err != nil || valueToken(e.Value()) != "node-a" {
 		t.Errorf("the key after a failed last stop: %v %v; want node-a's token, not blanked", e, err)
 	}
-	waitFor(t, 3*time.Second, "the reaper kills the service", func() bool { gone = processGone(pid); return gone })
+	waitFor(t, 3*time.Second, "the reaper kills the service", svc.ended)
 }
 
 // TestNatslockGivesUp: with -max-reconnects 2, a natslock whose server
 // stays down stops its service and exits with status 1, saying why,
 // rather than running on with a closed connection.
 func TestNatslockGivesUp(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs natslock")
-	}
-	bin := buildNatslock(t)
-	srv := natsenv.StartServer(t)
+	bin, srv, bucket := natslockServer(t, "natslockgiveup", jetstream.MemoryStorage)
 	url := srv.URL()
-	bucket := uniqueBucket("natslockgiveup")
-	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
 	p := startNatslock(t, bin, url, bucket, "spof-service", "node-a", "-max-reconnects", "2", "-reconnect-wait", "50ms")
 	waitFor(t, 10*time.Second, "node-a starts its service", func() bool { return p.lastState() == "start" })
 	srv.Shutdown()

@@ -11,13 +11,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/latchkey-go/latchkey/contracttest/cmdtest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
 	"github.com/latchkey-go/latchkey/natsputex"
@@ -26,12 +26,7 @@ import (
 // buildNatslock builds cmd/natslock into a temporary directory.
 func buildNatslock(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "natslock")
-	cmd := exec.Command("go", "build", "-o", bin, "../cmd/natslock")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/natslock: %v\n%s", err, out)
-	}
-	return bin
+	return cmdtest.Build(t, "../cmd/natslock")
 }
 
 // lockProc is a natslock child process whose start and stop commands
@@ -40,22 +35,11 @@ type lockProc struct {
 	name  string
 	cmd   *exec.Cmd
 	state string // file the start and stop commands append to
-	mu    sync.Mutex
-	log   bytes.Buffer
+	log   cmdtest.Buffer
 	done  chan struct{}
 }
 
-func (p *lockProc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.Write(b)
-}
-
-func (p *lockProc) logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
+func (p *lockProc) logs() string { return p.log.String() }
 
 // lastState returns what the service commands did last: "start", "stop"
 // or "".
@@ -126,7 +110,7 @@ func startNatslock(t *testing.T, bin, url, bucket, key, name string, flags ...st
 	}, flags...)
 	p.cmd = exec.Command(bin, append(args, url, bucket, key, name)...)
 	p.cmd.Env = append(os.Environ(), "STATE="+p.state) // for commands given in flags
-	p.cmd.Stdout, p.cmd.Stderr = p, p
+	p.cmd.Stdout, p.cmd.Stderr = &p.log, &p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -147,18 +131,26 @@ func startNatslock(t *testing.T, bin, url, bucket, key, name string, flags ...st
 	return p
 }
 
-// natslockEnv builds natslock and makes a bucket for it on an embedded
-// server; it skips the test with -short.
+// natslockEnv builds natslock and makes a bucket for it in memory on an
+// embedded server; it skips the test with -short.
 func natslockEnv(t *testing.T, prefix string) (bin, url, bucket string) {
+	t.Helper()
+	bin, srv, bucket := natslockServer(t, prefix, jetstream.MemoryStorage)
+	return bin, srv.URL(), bucket
+}
+
+// natslockServer is natslockEnv with the bucket's storage given, and the
+// server returned, for tests that restart or stop it.
+func natslockServer(t *testing.T, prefix string, storage jetstream.StorageType) (bin string, srv *natsenv.Server, bucket string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs natslock")
 	}
 	bin = buildNatslock(t)
-	url = natsenv.StartServer(t).URL()
+	srv = natsenv.StartServer(t)
 	bucket = uniqueBucket(prefix)
-	prepareBucket(t, url, bucket, natsputex.WithStorage(jetstream.MemoryStorage))
-	return bin, url, bucket
+	prepareBucket(t, srv.URL(), bucket, natsputex.WithStorage(storage))
+	return bin, srv, bucket
 }
 
 // expectBlank checks that key is blank, when says after what.
@@ -277,13 +269,12 @@ func TestNatslockBadInput(t *testing.T) {
 		{[]string{url, "b", "k", ""}, "token"},
 		{[]string{"", "b", "k", "tok"}, "URL"},
 	} {
-		out, err := exec.Command(bin, tc.args...).CombinedOutput()
-		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != 64 {
-			t.Errorf("natslock %q: %v, want exit status 64\n%s", tc.args, err, out)
+		out, code := cmdtest.Run(t, bin, tc.args...)
+		if code != 64 {
+			t.Errorf("natslock %q: exit %d, want exit status 64\n%s", tc.args, code, out)
 			continue
 		}
-		if !strings.Contains(string(out), tc.want) {
+		if !strings.Contains(out, tc.want) {
 			t.Errorf("natslock %q said %q, want a message about the %s", tc.args, out, tc.want)
 		}
 	}
@@ -382,6 +373,38 @@ func TestNatslockStopSignals(t *testing.T) {
 	}
 }
 
+// pidProc is a process that a service command started and whose id it
+// wrote to a file. The test's cleanup kills it unless it was seen to have
+// ended (after which its id may be another process's).
+type pidProc struct {
+	pid  int
+	gone bool
+}
+
+// waitPid waits up to within for pidFile to hold a process id (what says
+// what the test waits for) and returns that process.
+func waitPid(t *testing.T, within time.Duration, what, pidFile string) *pidProc {
+	t.Helper()
+	p := &pidProc{}
+	waitFor(t, within, what, func() bool {
+		b, _ := os.ReadFile(pidFile)
+		p.pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return p.pid > 0
+	})
+	t.Cleanup(func() {
+		if !p.gone {
+			_ = syscall.Kill(p.pid, syscall.SIGKILL)
+		}
+	})
+	return p
+}
+
+// ended reports whether the process has ended (see processGone).
+func (p *pidProc) ended() bool {
+	p.gone = processGone(p.pid)
+	return p.gone
+}
+
 // processGone reports whether the process pid has ended: it no longer
 // exists, or (where /proc tells) it is a zombie waiting for its parent
 // to reap it.
@@ -419,26 +442,15 @@ func TestNatslockHealthCheckKilledAfterT(t *testing.T) {
 	if err := os.WriteFile(failFile, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	pid := 0
-	waitFor(t, 2*testR+time.Second, "the health check hangs in sleep", func() bool {
-		b, _ := os.ReadFile(pidFile)
-		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		return pid > 0
-	})
+	sleep := waitPid(t, 2*testR+time.Second, "the health check hangs in sleep", pidFile)
 	hung := time.Now()
-	gone := false
-	t.Cleanup(func() {
-		if !gone { // once gone, pid may be another process's
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	})
 	_ = os.Remove(failFile) // the next checks pass
 
 	T := testF * testR
 	bound := T + testR + 500*time.Millisecond
 	waitFor(t, bound+time.Second, "node-a stops its service while its health check hangs", func() bool { return a.lastState() == "stop" })
 	stopped := time.Since(hung)
-	waitFor(t, bound+2*time.Second, "the hanging health check ends", func() bool { gone = processGone(pid); return gone })
+	waitFor(t, bound+2*time.Second, "the hanging health check ends", sleep.ended)
 	took := time.Since(hung)
 	t.Logf("the service stopped %v and the hanging sleep ended %v after the check began to hang (T = %v)", stopped.Round(time.Millisecond), took.Round(time.Millisecond), T)
 	if took > bound {

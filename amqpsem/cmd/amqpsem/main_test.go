@@ -1,169 +1,40 @@
 package main_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	neturl "net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/latchkey-go/latchkey/amqpsem"
+	"github.com/latchkey-go/latchkey/contracttest/cmdtest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/locks"
 )
 
-// build builds the command and returns its path.
-func build(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "amqpsem")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-func uniqueName() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return "amqpsem-cmd-" + hex.EncodeToString(b[:])
-}
+// uniqueName returns a semaphore name no other test uses.
+func uniqueName() string { return cmdtest.UniqueName("amqpsem-cmd-") }
 
 // runner returns functions that run bin with pre before the arguments:
-// run returns the output and the exit code; expect fails the test unless
-// the exit code is want and the output contains contains.
+// run is [cmdtest.Run], expect [cmdtest.Expect].
 func runner(t *testing.T, bin string, pre ...string) (run func(args ...string) (string, int), expect func(want int, contains string, args ...string) string) {
+	with := func(args []string) []string { return append(slices.Clone(pre), args...) }
 	run = func(args ...string) (string, int) {
 		t.Helper()
-		cmd := exec.Command(bin, append(pre, args...)...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		var ee *exec.ExitError
-		switch {
-		case err == nil:
-			return out.String(), 0
-		case errors.As(err, &ee):
-			return out.String(), ee.ExitCode()
-		}
-		t.Fatalf("running %v: %v", args, err)
-		return "", -1
+		return cmdtest.Run(t, bin, with(args)...)
 	}
 	expect = func(want int, contains string, args ...string) string {
 		t.Helper()
-		out, code := run(args...)
-		if code != want || !strings.Contains(out, contains) {
-			t.Fatalf("amqpsem %s: exit %d, output:\n%s\nwant exit %d and %q", strings.Join(args, " "), code, out, want, contains)
-		}
-		return out
+		return cmdtest.Expect(t, bin, want, contains, with(args)...)
 	}
 	return run, expect
-}
-
-// background is the command running in its own process group, which the
-// test's cleanup kills; exited is closed once it has ended, and err is
-// then what Wait returned.
-type background struct {
-	*exec.Cmd
-	out    lockedBuffer
-	exited chan struct{}
-	err    error
-}
-
-// start starts bin with args in the background.
-func start(t *testing.T, bin string, args ...string) *background {
-	t.Helper()
-	b := &background{Cmd: exec.Command(bin, args...), exited: make(chan struct{})}
-	b.Stdout, b.Stderr = &b.out, &b.out
-	b.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // cleanup kills the group
-	if err := b.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		b.err = b.Wait()
-		close(b.exited)
-	}()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-b.Process.Pid, syscall.SIGKILL)
-		<-b.exited
-	})
-	return b
-}
-
-// waitFile waits up to 10s for the file path, which b's command makes;
-// it fails the test if b ends first.
-func (b *background) waitFile(t *testing.T, path string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		select {
-		case <-b.exited:
-			t.Fatalf("amqpsem ended (%v) before its command made %s:\n%s", b.err, filepath.Base(path), b.out.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s from the command in 10s:\n%s", filepath.Base(path), b.out.String())
-		}
-	}
-}
-
-// running fails the test if b has ended.
-func (b *background) running(t *testing.T) {
-	t.Helper()
-	select {
-	case <-b.exited:
-		t.Fatalf("amqpsem ended (%v) while its command ran:\n%s", b.err, b.out.String())
-	default:
-	}
-}
-
-// exitCode waits up to d for b to end and returns its exit code.
-func (b *background) exitCode(t *testing.T, d time.Duration) int {
-	t.Helper()
-	select {
-	case <-b.exited:
-	case <-time.After(d):
-		t.Fatalf("amqpsem still running %v later:\n%s", d, b.out.String())
-	}
-	var ee *exec.ExitError
-	switch {
-	case b.err == nil:
-		return 0
-	case errors.As(b.err, &ee):
-		return ee.ExitCode()
-	}
-	t.Fatalf("amqpsem: %v", b.err)
-	return -1
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // semaphore returns a Semaphore on a connection of its own to url: a
@@ -186,7 +57,7 @@ func semaphore(t *testing.T, url string) *amqpsem.Semaphore {
 // life, checking output and exit codes.
 func TestCommand(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	name := uniqueName()
 	run, expect := runner(t, bin, "--url", url, "--heartbeat", "2s")
 	t.Cleanup(func() { run("destroy", name) })
@@ -216,13 +87,8 @@ func TestCommand(t *testing.T) {
 	expect(7, "", "acquire", name, "--", "/bin/sh", "-c", "exit 7")
 
 	// Both slots held by two background commands: --try fails with 3.
-	hold := func() *exec.Cmd {
-		cmd := exec.Command(bin, "--url", url, "acquire", name, "--", "/bin/sh", "-c", "sleep 30")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		return cmd
+	hold := func() *cmdtest.Process {
+		return cmdtest.Start(t, bin, "--url", url, "acquire", name, "--", "/bin/sh", "-c", "sleep 30")
 	}
 	h1, h2 := hold(), hold()
 	deadline := time.Now().Add(10 * time.Second)
@@ -245,7 +111,7 @@ func TestCommand(t *testing.T) {
 	out = expect(0, "removed, still held", "status", name)
 	_ = out
 	expect(3, "", "--timeout", "300ms", "wait", name)
-	for _, h := range []*exec.Cmd{h1, h2} {
+	for _, h := range []*cmdtest.Process{h1, h2} {
 		_ = h.Process.Signal(os.Interrupt)
 	}
 	expect(0, "no removed slot", "--timeout", "10s", "wait", name)
@@ -261,7 +127,7 @@ func TestCommand(t *testing.T) {
 // EX_USAGE, not 2, the Go runtime's code on a panic or SIGQUIT), found
 // before connecting: the broker here is unreachable.
 func TestUsageBeforeDial(t *testing.T) {
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	const down = "amqp://guest:guest@127.0.0.1:1/"
 	_, expect := runner(t, bin)
 	expect(1, " level=ERROR msg=failed command=status name=fine error=", "--url", down, "status", "fine")
@@ -296,7 +162,7 @@ func TestUsageBeforeDial(t *testing.T) {
 // shells report it.
 func TestAcquireSignalled(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	name := uniqueName()
 	run, expect := runner(t, bin, "--url", url, "--heartbeat", "2s")
 	t.Cleanup(func() { run("destroy", name) })
@@ -309,23 +175,23 @@ func TestAcquireSignalled(t *testing.T) {
 // after --grace, and exits with 4.
 func TestAcquireLostKills(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	name := uniqueName()
 	run, expect := runner(t, bin, "--url", url, "--heartbeat", "1s")
 	t.Cleanup(func() { run("destroy", name) })
 	expect(0, "created", "create", name, "1")
 
 	started := filepath.Join(t.TempDir(), "started")
-	h := start(t, bin, "--url", url, "--heartbeat", "1s", "--grace", "300ms", "acquire", name, "--",
+	h := cmdtest.Start(t, bin, "--url", url, "--heartbeat", "1s", "--grace", "300ms", "acquire", name, "--",
 		"/bin/sh", "-c", `trap "" TERM; touch "$0"; exec sleep 60`, started)
-	h.waitFile(t, started)
+	h.WaitFile(t, started)
 	// The command ignores SIGTERM; destroying the semaphore takes its slot.
 	expect(0, "destroyed", "destroy", name)
-	if code := h.exitCode(t, 20*time.Second); code != 4 {
-		t.Fatalf("acquire ended with %d, want exit 4\n%s", code, h.out.String())
+	if code := h.ExitCode(t, 20*time.Second); code != 4 {
+		t.Fatalf("acquire ended with %d, want exit 4\n%s", code, h.Out.String())
 	}
-	if !strings.Contains(h.out.String(), "killing") {
-		t.Errorf("no word of the kill in the output:\n%s", h.out.String())
+	if !strings.Contains(h.Out.String(), "killing") {
+		t.Errorf("no word of the kill in the output:\n%s", h.Out.String())
 	}
 }
 
@@ -339,7 +205,7 @@ func TestAcquireLostKills(t *testing.T) {
 // forwards it.
 func TestAcquireSignalForwarded(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	other := semaphore(t, url)
 	for _, tc := range []struct {
 		name string
@@ -353,14 +219,14 @@ func TestAcquireSignalForwarded(t *testing.T) {
 
 			dir := t.TempDir()
 			started, got, release := filepath.Join(dir, "started"), filepath.Join(dir, "got-signal"), filepath.Join(dir, "release")
-			h := start(t, bin, "--url", url, "acquire", name, "--", "/bin/sh", "-c",
+			h := cmdtest.Start(t, bin, "--url", url, "acquire", name, "--", "/bin/sh", "-c",
 				`trap 'touch "$1"; while [ ! -e "$2" ]; do sleep 0.05; done; exit 5' INT TERM
 				touch "$0"; while :; do sleep 0.05; done`, started, got, release)
-			h.waitFile(t, started)
+			h.WaitFile(t, started)
 			if err := h.Process.Signal(tc.sig); err != nil {
 				t.Fatal(err)
 			}
-			h.waitFile(t, got)
+			h.WaitFile(t, got)
 
 			// CMD has the signal and runs on: the slot is still held.
 			if l, err := other.TryAcquire(t.Context(), name); !errors.Is(err, amqpsem.ErrAllHeld) {
@@ -369,13 +235,13 @@ func TestAcquireSignalForwarded(t *testing.T) {
 				}
 				t.Fatalf("TryAcquire while CMD runs on after %s: %v, want every slot held", tc.name, err)
 			}
-			h.running(t)
+			h.Running(t)
 
 			if err := os.WriteFile(release, nil, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if code := h.exitCode(t, 10*time.Second); code != 5 {
-				t.Fatalf("amqpsem exited %d after CMD exited 5:\n%s", code, h.out.String())
+			if code := h.ExitCode(t, 10*time.Second); code != 5 {
+				t.Fatalf("amqpsem exited %d after CMD exited 5:\n%s", code, h.Out.String())
 			}
 			l, err := other.TryAcquire(t.Context(), name)
 			if err != nil {
@@ -399,7 +265,7 @@ func TestAcquireSignalForwarded(t *testing.T) {
 // amqpsem finds its slot lost and exits 4.
 func TestAcquireHeartbeat(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	other := semaphore(t, url)
 	u, err := neturl.Parse(url)
 	if err != nil {
@@ -424,8 +290,8 @@ func TestAcquireHeartbeat(t *testing.T) {
 			expect(0, "created", "create", name, "1")
 
 			started := filepath.Join(t.TempDir(), "started")
-			h := start(t, bin, append(tc.args, "acquire", name, "--", "/bin/sh", "-c", `touch "$0"; exec sleep 60`, started)...)
-			h.waitFile(t, started)
+			h := cmdtest.Start(t, bin, append(tc.args, "acquire", name, "--", "/bin/sh", "-c", `touch "$0"; exec sleep 60`, started)...)
+			h.WaitFile(t, started)
 			if _, err := other.TryAcquire(t.Context(), name); !errors.Is(err, amqpsem.ErrAllHeld) {
 				t.Fatalf("TryAcquire while amqpsem holds the slot: %v, want every slot held", err)
 			}
@@ -458,8 +324,8 @@ func TestAcquireHeartbeat(t *testing.T) {
 			if err := h.Process.Signal(syscall.SIGCONT); err != nil {
 				t.Fatal(err)
 			}
-			if code := h.exitCode(t, 10*time.Second); code != 4 {
-				t.Fatalf("resumed amqpsem exited %d, want 4 (slot lost):\n%s", code, h.out.String())
+			if code := h.ExitCode(t, 10*time.Second); code != 4 {
+				t.Fatalf("resumed amqpsem exited %d, want 4 (slot lost):\n%s", code, h.Out.String())
 			}
 		})
 	}

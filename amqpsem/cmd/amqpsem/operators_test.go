@@ -1,18 +1,15 @@
 package main_test
 
 import (
-	"bytes"
-	"errors"
 	"net"
 	neturl "net/url"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/latchkey-go/latchkey/contracttest/cmdtest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
 )
 
@@ -20,26 +17,6 @@ import (
 // held removed slot, one name is one layout's semaphore, a missing
 // semaphore says so, no password is ever printed, and the messages say
 // what is wrong.
-
-// runEnv runs bin with args and env added to the environment, and returns
-// its output and exit code.
-func runEnv(t *testing.T, bin string, env []string, args ...string) (string, int) {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return out.String(), 0
-	case errors.As(err, &ee):
-		return out.String(), ee.ExitCode()
-	}
-	t.Fatalf("running %v: %v", args, err)
-	return "", -1
-}
 
 // holder is a plain AMQP connection that holds exclusive queues, as a
 // client holding slots does.
@@ -75,7 +52,7 @@ func let(t *testing.T, ch *amqp.Channel, q string) {
 // wait does not report success until it lets go.
 func TestCommandWaitSeesHighSlot(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	name := uniqueName()
 	run, expect := runner(t, bin, "--url", url)
 	t.Cleanup(func() { run("destroy", name) })
@@ -95,7 +72,7 @@ func TestCommandWaitSeesHighSlot(t *testing.T) {
 func TestCommandOneLayout(t *testing.T) {
 	url := testenv.AMQPURL(t)
 	needTransient(t, url)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	name := uniqueName()
 	run, expect := runner(t, bin, "--url", url)
 	t.Cleanup(func() {
@@ -106,7 +83,7 @@ func TestCommandOneLayout(t *testing.T) {
 	expect(1, "python layout", "create", name, "3")
 	expect(1, "python layout", "resize", name, "3")
 	expect(1, "python layout", "status", name)
-	out, code := runEnv(t, bin, []string{"AMQPSEM_LAYOUT=python"}, "--url", url, "status", name)
+	out, code := cmdtest.RunEnv(t, bin, []string{"AMQPSEM_LAYOUT=python"}, "--url", url, "status", name)
 	if code != 0 || !strings.Contains(out, "(python layout): 2 slots, 0 held") {
 		t.Fatalf("AMQPSEM_LAYOUT=python status: exit %d:\n%s", code, out)
 	}
@@ -118,7 +95,7 @@ func TestCommandOneLayout(t *testing.T) {
 // instead of waiting.
 func TestCommandAcquireMissing(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	_, expect := runner(t, bin, "--url", url)
 	start := time.Now()
 	out := expect(1, "no slots", "--timeout", "20s", "acquire", uniqueName(), "--", "true")
@@ -132,7 +109,7 @@ func TestCommandAcquireMissing(t *testing.T) {
 // cannot be reached, or refused credentials.
 func TestCommandNeverPrintsPassword(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	const secret = "s3cretPw"
 	u, err := neturl.Parse(url)
 	if err != nil {
@@ -152,7 +129,7 @@ func TestCommandNeverPrintsPassword(t *testing.T) {
 		{nil, []string{"--url", wrong.String(), "status", "x"}},
 		{[]string{"AMQPSEM_URL=" + wrong.String()}, []string{"acquire", "x", "--", "true"}},
 	} {
-		out, code := runEnv(t, bin, tc.env, tc.args...)
+		out, code := cmdtest.RunEnv(t, bin, tc.env, tc.args...)
 		if strings.Contains(out, secret) {
 			t.Errorf("%v %v (exit %d) printed the password:\n%s", tc.env, tc.args, code, out)
 		}
@@ -192,7 +169,7 @@ func silentListener(t *testing.T) string {
 // What operators type, and what they are told.
 func TestCommandOperatorMessages(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	name := uniqueName()
 	run, expect := runner(t, bin, "--url", url)
 	t.Cleanup(func() { run("destroy", name) })
@@ -228,18 +205,18 @@ func TestCommandOperatorMessages(t *testing.T) {
 
 	// resize waiting for the administration mutex says so.
 	hold(t, ch, name)
-	b := start(t, bin, "--url", url, "resize", name, "+1")
+	b := cmdtest.Start(t, bin, "--url", url, "resize", name, "+1")
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(b.out.String(), `level=INFO msg="waiting for the administration mutex: `) || !strings.Contains(b.out.String(), " command=resize name="+name+" mutex_queue="+name) {
+	for !strings.Contains(b.Out.String(), `level=INFO msg="waiting for the administration mutex: `) || !strings.Contains(b.Out.String(), " command=resize name="+name+" mutex_queue="+name) {
 		if time.Now().After(deadline) {
-			t.Fatalf("resize waiting for the mutex said nothing in 10s:\n%s", b.out.String())
+			t.Fatalf("resize waiting for the mutex said nothing in 10s:\n%s", b.Out.String())
 		}
-		b.running(t)
+		b.Running(t)
 		time.Sleep(50 * time.Millisecond)
 	}
 	let(t, ch, name)
-	if code := b.exitCode(t, 20*time.Second); code != 0 || !strings.Contains(b.out.String(), "from 1 to 2 slots") {
-		t.Fatalf("resize after the mutex was freed: exit %d:\n%s", code, b.out.String())
+	if code := b.ExitCode(t, 20*time.Second); code != 0 || !strings.Contains(b.Out.String(), "from 1 to 2 slots") {
+		t.Fatalf("resize after the mutex was freed: exit %d:\n%s", code, b.Out.String())
 	}
 
 	// A broker that never answers: --connect-timeout ends the dial (exit

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/latchkey-go/latchkey/contracttest/cmdtest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
 )
 
@@ -22,7 +23,7 @@ func TestCommandAMQPS(t *testing.T) {
 	}
 	certs := testenv.NewTLS(t)
 	u.Scheme, u.Host = "amqps", testenv.TLSFront(t, host, certs)
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	name := uniqueName()
 	tlsFlags := []string{"--tls-ca", certs.CAFile, "--tls-cert", certs.CertFile, "--tls-key", certs.KeyFile}
 	run, expect := runner(t, bin, append([]string{"--url", u.String()}, tlsFlags...)...)

@@ -3,6 +3,7 @@ module github.com/latchkey-go/latchkey/natsputex/cmd/natslock
 go 1.26.0
 
 require (
+	github.com/latchkey-go/latchkey/contracttest v0.1.0
 	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv v0.1.0
 	github.com/latchkey-go/latchkey/locks v0.1.0
 	github.com/latchkey-go/latchkey/natsputex v0.1.0
@@ -36,7 +37,6 @@ require (
 	github.com/google/shlex v0.0.0-20191202100458-e7afc7fbc510 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect
-	github.com/latchkey-go/latchkey/contracttest v0.1.0 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
 	github.com/moby/sys/user v0.3.0 // indirect

@@ -2,18 +2,12 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,38 +15,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/latchkey-go/latchkey/contracttest/cmdtest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
 	"github.com/latchkey-go/latchkey/natsputex"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the child's writes and the
-// test's reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// build builds natslock into a temporary directory.
-func build(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "natslock")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -145,26 +111,16 @@ func TestNatslockMetrics(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs natslock")
 	}
-	bin := build(t)
+	bin := cmdtest.Build(t, ".")
 	url := natsenv.StartServer(t).URL()
-	var rnd [4]byte
-	_, _ = rand.Read(rnd[:])
-	bucket, key := "natslockmetrics"+hex.EncodeToString(rnd[:]), "svc"
+	bucket, key := cmdtest.UniqueName("natslockmetrics"), "svc"
 	silentHolder(t, url, bucket, key, "ghost")
 
-	var logs lockedBuffer
-	cmd := exec.Command(bin, "-r", "100ms", "-f", "3", "-c", "1", "--log-format", "json",
+	p := cmdtest.Start(t, bin, "-r", "100ms", "-f", "3", "-c", "1", "--log-format", "json",
 		"--metrics-addr", "127.0.0.1:0", "-healthcheck", "true", "-start", "true", "-stop", "true",
 		url, bucket, key, "node-a")
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
+	logs := &p.Out
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-done
 		if t.Failed() {
 			t.Logf("natslock's log:\n%s", logs.String())
 		}
@@ -221,13 +177,8 @@ func TestNatslockMetrics(t *testing.T) {
 		t.Errorf("/metrics: latchkey_natslock_last_renewal_timestamp_seconds = %v (found: %v), want a time in the last minute", ts, ok)
 	}
 
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("natslock did not exit after SIGTERM")
-	}
-	if code := cmd.ProcessState.ExitCode(); code != 0 {
+	_ = p.Process.Signal(syscall.SIGTERM)
+	if code := p.ExitCode(t, 5*time.Second); code != 0 {
 		t.Errorf("exit code after SIGTERM: %d, want 0", code)
 	}
 	phases := map[string]bool{}
