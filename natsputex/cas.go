@@ -230,26 +230,46 @@ func isConflict(err error) bool {
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
-// retryBusy runs the write cas, again after a short pause while a
-// replicated stream answers that another write of the key is still being
-// replicated (code 10164): that write may be a real rival, which the next
-// attempt then meets as a plain conflict (10071), or the previous write of
-// the same holder whose bookkeeping lags its acknowledgement.
+// retryBusy runs the write cas, and runs it again after a short pause when
+// it was not applied for a passing reason:
+//   - a replicated stream answers that another write of the key is still
+//     being replicated (code 10164): that write may be a real rival, which
+//     the next attempt then meets as a plain conflict (10071), or the
+//     previous write of the same holder whose bookkeeping lags its
+//     acknowledgement; up to 4 more attempts;
+//   - nats.go refused to send it while it reconnects
+//     ([nats.ErrReconnectBufExceeded]: [ConnectOptions] buffers nothing
+//     meanwhile): the write never left this process, so sending it once
+//     the connection is back is the same write, not a second one; every
+//     [unsentPause] until ctx ends. Without this, a server restarted in
+//     milliseconds ended every lease whose renewal fell in nats.go's
+//     reconnect wait.
 func retryBusy(ctx context.Context, cas func() (uint64, error)) (uint64, error) {
-	pause := time.Millisecond
-	for attempt := 0; ; attempt++ {
+	pause, busy := time.Millisecond, 0
+	for {
 		rev, err := cas()
 		var apiErr *jetstream.APIError
-		if err == nil || attempt == 4 || !errors.As(err, &apiErr) ||
-			apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant {
+		switch {
+		case errors.Is(err, nats.ErrReconnectBufExceeded):
+			if driver.Sleep(ctx, unsentPause) != nil {
+				return rev, err
+			}
+		case busy < 4 && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+			if driver.Sleep(ctx, pause) != nil {
+				return rev, err
+			}
+			busy++
+			pause *= 3
+		default:
 			return rev, err
 		}
-		if driver.Sleep(ctx, pause) != nil {
-			return rev, err
-		}
-		pause *= 3
 	}
 }
+
+// unsentPause is how long a write that nats.go refused to send while it
+// reconnects waits before it is sent again: a tenth of ConnectOptions'
+// shortest reconnect wait.
+const unsentPause = 10 * time.Millisecond
 
 // silence is the takeover clock of one key, kept by a waiter on its own
 // monotonic clock: the last revision it saw and when it first saw it.

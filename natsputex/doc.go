@@ -64,9 +64,11 @@
 //     so nothing can overwrite or lose it apart from the holder's own
 //     write.
 //   - C, the confirmation count ([WithConfirmations]): after a takeover, the
-//     new holder rewrites its token for C intervals before the lease is
-//     handed to the caller (or the Supervisor starts the service); a free key
-//     is held at once. A Supervisor also confirms for C intervals when it
+//     new holder rewrites its token for C intervals, counted from the
+//     answer to its takeover write (which may land well after it was
+//     begun, when it waited for a reconnect), before the lease is handed
+//     to the caller (or the Supervisor starts the service); a free key is
+//     held at once. A Supervisor also confirms for C intervals when it
 //     finds its own token in the key while it does not hold it (its own
 //     last write, or a write whose answer was lost): it starts the
 //     service only after C·R of its own writes that it saw succeed, on
@@ -85,9 +87,11 @@
 //     took a free key) still blanks on its way out.
 //
 // A holder's lease ends at once, with [locks.ErrLost], when a write fails
-// or its health check fails (it then blanks the key, one attempt, so that
-// a waiter takes over at once; the lease has ended before the blank is
-// sent). A holder that cannot renew ends its lease by itself at the start
+// (a write that nats.go refused to send while it reconnects has not
+// failed: it is sent again once the connection is back, see
+// [ConnectOptions]) or its health check fails (it then blanks the key,
+// one attempt, so that a waiter takes over at once; the lease has ended
+// before the blank is sent). A holder that cannot renew ends its lease by itself at the start
 // of its last successful write plus T minus a safety margin
 // ([WithSafetyMargin], R/2 by default, at least 1ms shorter than T): a
 // holder cut off from NATS stops before anyone may take over. This

@@ -105,7 +105,7 @@ func (c *Client) renewLeases(ctx context.Context, batch []*driver.Lease) []drive
 			}
 			out[i] = driver.Renewal{Err: driver.Lost(fmt.Errorf("%q: %w", l.Name(), err))}
 			if l.agent != nil {
-				end := holdEnd{"health check failed", err}
+				end := holdEnd{why: "health check failed", err: err}
 				l.failed(end)
 				out[i].Err = driver.Lost(end)
 			} else {

@@ -17,9 +17,13 @@ import (
 //     2 s, which alone is longer than T − margin with a short T, so that a
 //     holder whose server restarted renews again in time;
 //   - no buffering of writes while reconnecting ([nats.ReconnectBufSize](-1)):
-//     a write made while the connection is down fails at once, instead of
-//     being sent after the reconnect, seconds after its caller gave up on
-//     it.
+//     nats.go refuses a write made while the connection is down rather
+//     than send it after the reconnect, seconds after its caller gave up
+//     on it. natsputex sends such a write again itself once the connection
+//     is back, while the write's own bound lasts (a renewal's: the lease's
+//     validity), so a holder whose server restarted within that keeps its
+//     lease. A renewal already sent when the connection dropped gets no
+//     answer, and its lease ends at its deadline (see the package doc).
 //
 // ConnectOptions is safe to call from several goroutines.
 func ConnectOptions() []nats.Option {

@@ -143,8 +143,8 @@ type Service struct {
 // then writes its token at the revision it read (so only one waiter can
 // win). After
 // such a takeover the agent confirms: it starts the service only once C
-// intervals (C·R) have passed since the start of its first write of the
-// hold that it saw succeed, every write since having succeeded too. An
+// intervals (C·R) have passed since its first write of the hold was
+// answered as a success, every write since having succeeded too. An
 // agent that does not hold the key may find its own token in it: its own
 // last write (its hold ran out, or Stop or the blank failed, and no one
 // wrote since), or a write whose answer was lost (the write landed, or

@@ -13,10 +13,12 @@ import (
 // hold-off after a failed Start, and a hold's renewal and release.
 
 // holdEnd is why an agent's hold ended: why, in the words of its events,
-// and the error behind it, if any.
+// the error behind it, if any, and the key as a read after a refused
+// write found it (nil when not read), for the event to name who took it.
 type holdEnd struct {
-	why string
-	err error
+	why  string
+	err  error
+	seen *record
 }
 
 func (e holdEnd) Error() string {
@@ -207,8 +209,9 @@ func (s *Supervisor) takenBy(r record, rev uint64, start time.Time) string {
 	}
 	why := "the key holds another token"
 	if since, T := time.Since(start), s.c.o.ttl(); since < T {
-		// No agent with our T could have taken it over yet.
-		why += fmt.Sprintf(", written within %v of this agent's last write, before T = %v: a client that did not go by the timing in this agent's value took it (an older version, or a write by hand)", since.Round(time.Millisecond), T)
+		// No agent with our T could have taken it over from this agent's
+		// write; one read cannot tell whether a blank came between.
+		why += fmt.Sprintf(", written within %v of this agent's last write, before T = %v: someone blanked or deleted the key and another agent took it as free, or a client that did not go by the timing in this agent's value wrote it (an older version, or a write by hand)", since.Round(time.Millisecond), T)
 	}
 	return why
 }
@@ -224,17 +227,17 @@ func (l *lease) renewAgent(ctx context.Context) driver.Renewal {
 	rev, err := c.st.renew(ctx, l.key, l.token, l.rev)
 	switch {
 	case isConflict(err):
-		why := "the key was written by someone else"
+		end := holdEnd{why: "the key was written by someone else", err: err}
 		rctx, cancel := context.WithTimeout(ctx, c.o.renew)
 		r, rerr := c.st.read(rctx, l.key)
 		cancel()
 		if rerr == nil {
-			why = l.agent.takenBy(r, l.rev, l.Deadline().Add(-c.o.validity()))
+			end.why, end.seen = l.agent.takenBy(r, l.rev, l.Deadline().Add(-c.o.validity())), &r
 		}
-		return l.lostLocked(holdEnd{why, err})
+		return l.lostLocked(end)
 	case err != nil:
 		l.uncertain = true
-		return l.lostLocked(holdEnd{"write failed", err})
+		return l.lostLocked(holdEnd{why: "write failed", err: err})
 	}
 	l.rev = rev
 	return driver.Renewal{Until: c.o.validUntil(start)}

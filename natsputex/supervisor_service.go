@@ -30,7 +30,7 @@ func (s *Supervisor) serve(ctx context.Context, l *lease) *lease {
 		return l
 	case <-l.Context().Done():
 	}
-	s.endHold(ctx, l, "", nil)
+	s.endHold(ctx, l, holdEnd{})
 	return nil
 }
 
@@ -38,19 +38,19 @@ func (s *Supervisor) serve(ctx context.Context, l *lease) *lease {
 // the error behind it: a failed renewal or check, the client closing, or
 // its deadline passing, with the failure of the renewal round that was
 // under way then, if any (a health check that hangs).
-func endReason(l *lease) (string, error) {
+func endReason(l *lease) holdEnd {
 	var end holdEnd
 	switch err := context.Cause(l.Context()); {
 	case errors.As(err, &end):
-		return end.why, end.err
+		return end
 	case errors.Is(err, locks.ErrClosed):
-		return "the client closed", nil
+		return holdEnd{why: "the client closed"}
 	}
 	const expired = "no successful write for T minus the safety margin"
 	if f := l.lastFailure(); f != nil {
-		return f.why + " (" + expired + ")", f.err
+		return holdEnd{why: f.why + " (" + expired + ")", err: f.err, seen: f.seen}
 	}
-	return expired, nil
+	return holdEnd{why: expired}
 }
 
 // activate starts the service on the hold l and enters PhaseActive. It
@@ -80,7 +80,7 @@ func (s *Supervisor) activate(ctx context.Context, l *lease) bool {
 		s.event(PhaseStandby, "Run is ending: Start was cut short", err)
 		return false
 	case err != nil:
-		s.endHold(ctx, l, "starting the service failed", err)
+		s.endHold(ctx, l, holdEnd{why: "starting the service failed", err: err})
 		s.mu.Lock()
 		s.startFails++
 		s.holdOff = time.Now().Add(s.c.o.ttl() << min(s.startFails-1, 3))
@@ -88,7 +88,7 @@ func (s *Supervisor) activate(ctx context.Context, l *lease) bool {
 		s.mu.Unlock()
 		return false
 	case !l.Live():
-		s.endHold(ctx, l, "the hold ran out while the service started", nil)
+		s.endHold(ctx, l, holdEnd{why: "the hold ran out while the service started"})
 		return false
 	}
 	s.mu.Lock()
@@ -101,19 +101,24 @@ func (s *Supervisor) activate(ctx context.Context, l *lease) bool {
 }
 
 // endHold lets go of the hold l, which ended (or failed to start) for
-// why ("" to say why it ended: see endReason): stop the service, then
+// end (zero to say why it ended: see endReason): stop the service, then
 // blank the key (the lease's release, see [lease.releaseAgent]), and go
 // back to standby. When Stop fails the key is not blanked, and Stop is
 // tried again each stroke.
-func (s *Supervisor) endHold(ctx context.Context, l *lease, why string, cause error) {
+func (s *Supervisor) endHold(ctx context.Context, l *lease, end holdEnd) {
 	s.setPhase(PhaseStandby)
 	what := ": service not running" // stopped already, or never started
 	if s.serviceUp() {
 		what = ": service stopped"
 	}
 	stopErr, err := s.letGo(ctx, l)
-	if why == "" { // after the release, which waits for the round under way
-		why, cause = endReason(l)
+	if end.why == "" { // after the release, which waits for the round under way
+		end = endReason(l)
+	}
+	why, cause := end.why, end.err
+	var opts []eventOpt
+	if end.seen != nil {
+		opts = append(opts, withHolder(end.seen.holder, end.seen.rev))
 	}
 	rev, uncertain := l.lastWrite()
 	s.mu.Lock()
@@ -121,13 +126,13 @@ func (s *Supervisor) endHold(ctx context.Context, l *lease, why string, cause er
 	s.pending = s.pending || uncertain
 	s.mu.Unlock()
 	if stopErr != nil {
-		s.event(PhaseStandby, why+": stopping the service failed; the key is not blanked, Stop is tried again next stroke", errors.Join(cause, stopErr))
+		s.event(PhaseStandby, why+": stopping the service failed; the key is not blanked, Stop is tried again next stroke", errors.Join(cause, stopErr), opts...)
 		return
 	}
 	if cause == nil {
 		cause = err
 	}
-	s.event(PhaseStandby, why+what, cause)
+	s.event(PhaseStandby, why+what, cause, opts...)
 }
 
 // letGo stops the service, then releases the hold l: its key is blanked

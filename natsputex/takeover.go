@@ -34,7 +34,9 @@ func (c *Client) takeOver(wctx context.Context, name, key, value string, r recor
 }
 
 // confirmation is a hold being confirmed after takeOver won it. Until
-// span has passed since the start of the hold's first write, every write
+// span has passed since the hold's first write was answered (not since it
+// began: a write may be sent, or land, well after it began, and the
+// holder it displaced learns of it only once it landed), every write
 // since having succeeded, the holder writes value: its token with the
 // longer T and C·R of its own and of the holder it displaced, so that
 // should it give up or die before it is done, the next taker waits and
@@ -45,16 +47,17 @@ func (c *Client) takeOver(wctx context.Context, name, key, value string, r recor
 type confirmation struct {
 	name, key string
 	won       uint64        // the revision of the takeover write: the hold's fencing token
-	since     time.Time     // when the takeover write began
+	began     time.Time     // when the takeover write began: the hold's validity counts from it
+	since     time.Time     // when its success was answered: the span counts from it
 	span      time.Duration // how long it confirms: C·R, or the displaced holder's longer one
 	value     string        // what it writes until it is done
 }
 
 // confirmationOf returns the confirmation of the hold that the takeover
-// write of value at won, begun at start, won with timing tm (the longer
-// of the taker's own and the displaced holder's).
+// write of value at won, begun at start and answered just now, won with
+// timing tm (the longer of the taker's own and the displaced holder's).
 func confirmationOf(name, key, value string, won uint64, start time.Time, tm timing) *confirmation {
-	return &confirmation{name: name, key: key, won: won, since: start, span: tm.confirm, value: value}
+	return &confirmation{name: name, key: key, won: won, began: start, since: time.Now(), span: tm.confirm, value: value}
 }
 
 // due reports whether the confirmation has lasted its span at now: the
@@ -285,7 +288,7 @@ func (c *Client) takeSilent(ctx context.Context, a attempt, r record, ht timing,
 // last write. It returns the revision of the last write and when it
 // began.
 func (c *Client) confirm(ctx context.Context, a attempt, cf *confirmation) (uint64, time.Time, error) {
-	rev, start := cf.won, cf.since
+	rev, start := cf.won, cf.began
 	for done := cf.span == 0; !done; {
 		if err := driver.Sleep(ctx, c.o.renewEvery()); err != nil {
 			return 0, start, err
