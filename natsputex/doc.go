@@ -194,6 +194,14 @@
 //     new bucket's key reach that very revision first. Do not delete a
 //     bucket in use: stop its clients first, or wait T + C·R after the
 //     last of them stopped.
+//   - Writes to a held key by anything but natsputex (nats kv put, del or
+//     purge, a blank by hand) are outside the protocol. A blank or a
+//     delete frees the key at once: a waiter takes it and starts, while
+//     the holder learns at its next renewal, within R (a Supervisor then
+//     stops its service), so the two overlap for up to R, plus Stop's
+//     time (TestAttack6ForeignWrite). A value written by hand is taken as
+//     a holder's: the holder stops within R, and waiters wait T for it.
+//     Change a key in use only with its holders stopped.
 //   - [New] refuses an existing bucket that drops a key's last write by
 //     itself, with an error matching [locks.ErrInvalidOption] that names
 //     the bucket: a TTL (max age) shorter than the client's T + C·R, or
