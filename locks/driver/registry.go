@@ -194,6 +194,12 @@ func (r *Registry) Close(ctx context.Context, cause error) error {
 	if cause == nil {
 		cause = Lost(fmt.Errorf("%s: client closed: %w", r.backend, locks.ErrClosed))
 	}
+	// Every lease ends with cause before the registry's context does: a
+	// renewal round under way, cut short by it, would otherwise end some
+	// of them first as lost to a failed renewal.
+	for _, l := range held {
+		l.End(cause) // a no-op for a lease that ended earlier
+	}
 	r.cancel(locks.ErrClosed)
 
 	var (
@@ -202,7 +208,6 @@ func (r *Registry) Close(ctx context.Context, cause error) error {
 		rel  sync.WaitGroup
 	)
 	for _, l := range held {
-		l.End(cause) // a no-op for a lease that ended earlier
 		rel.Go(func() {
 			l.releaseOnce.Do(func() {
 				// Without ctx's cancellation: a release cut short would leave

@@ -339,3 +339,41 @@ func TestCloseReportsConcurrentRelease(t *testing.T) {
 		t.Fatalf("Close = %v, want the error of the Release under way", err)
 	}
 }
+
+// TestCloseEndsLeasesBeforeRound: a renewal round under way when Close
+// begins, and answering "lost" once Close cuts it short, never ends a
+// lease first: every lease ends with Close's cause (ErrLost and
+// ErrClosed), not the round's.
+func TestCloseEndsLeasesBeforeRound(t *testing.T) {
+	inRound := make(chan struct{}, 1)
+	reg, _ := driver.NewRegistry(driver.Config{Backend: "test", RenewEvery: time.Millisecond,
+		Renew: func(ctx context.Context, batch []*driver.Lease) []driver.Renewal {
+			select {
+			case inRound <- struct{}{}:
+			default:
+			}
+			<-ctx.Done()
+			out := make([]driver.Renewal, len(batch))
+			for i := range out {
+				out[i] = driver.Renewal{Err: driver.Lost(fmt.Errorf("renewal failed: %w", ctx.Err()))}
+			}
+			return out
+		}})
+	var leases []*driver.Lease
+	for i := range 50 {
+		l, err := reg.NewLease(context.Background(), driver.Spec{Name: fmt.Sprint("n", i), Deadline: time.Now().Add(time.Minute)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	<-inRound
+	if err := reg.Close(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases {
+		if cause := context.Cause(l.Context()); !errors.Is(cause, locks.ErrClosed) {
+			t.Errorf("%s ended with %v, not Close's cause", l.Name(), cause)
+		}
+	}
+}
