@@ -73,7 +73,7 @@ func (s store) read(ctx context.Context, key string) (record, error) {
 	req, _ := json.Marshal(struct {
 		LastBySubj string `json:"last_by_subj"`
 	}{s.prefix + key})
-	m, err := s.nc.RequestWithContext(ctx, s.get, req)
+	m, _, err := resend(ctx, func() (*nats.Msg, error) { return s.nc.RequestWithContext(ctx, s.get, req) })
 	if err != nil {
 		return record{}, err
 	}
@@ -173,8 +173,10 @@ const jsNoMessageFound = 10037
 
 // claim writes token over what r describes, only if the key has not been
 // written since: create when it does not exist, update at r.rev when it
-// does. A conflict gives an error for which isConflict is true.
-func (s store) claim(ctx context.Context, key, token string, r record) (uint64, error) {
+// does. A conflict gives an error for which isConflict is true. It also
+// returns when the write that was answered was sent (see [resend]): a
+// lease's validity counts from it.
+func (s store) claim(ctx context.Context, key, token string, r record) (uint64, time.Time, error) {
 	return retryBusy(ctx, func() (uint64, error) {
 		if !r.exists {
 			// Create also handles a deleted key, re-reading its delete marker.
@@ -184,8 +186,10 @@ func (s store) claim(ctx context.Context, key, token string, r record) (uint64, 
 	})
 }
 
-// renew rewrites token at rev, the revision of the holder's last write.
-func (s store) renew(ctx context.Context, key, token string, rev uint64) (uint64, error) {
+// renew rewrites token at rev, the revision of the holder's last write,
+// and returns the new revision and when the write that was answered was
+// sent, as claim does.
+func (s store) renew(ctx context.Context, key, token string, rev uint64) (uint64, time.Time, error) {
 	return retryBusy(ctx, func() (uint64, error) { return s.kv.Update(ctx, key, []byte(token), rev) })
 }
 
@@ -196,7 +200,7 @@ func (s store) renew(ctx context.Context, key, token string, rev uint64) (uint64
 // the holder's: a stale clear never frees a successor.
 func (s store) clear(ctx context.Context, key, token string, rev uint64) (uint64, error) {
 	for range 3 {
-		nrev, err := retryBusy(ctx, func() (uint64, error) { return s.kv.Update(ctx, key, nil, rev) })
+		nrev, _, err := retryBusy(ctx, func() (uint64, error) { return s.kv.Update(ctx, key, nil, rev) })
 		if err == nil {
 			return nrev, nil
 		}
@@ -230,43 +234,49 @@ func isConflict(err error) bool {
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
-// retryBusy runs the write cas, and runs it again after a short pause when
-// it was not applied for a passing reason:
-//   - a replicated stream answers that another write of the key is still
-//     being replicated (code 10164): that write may be a real rival, which
-//     the next attempt then meets as a plain conflict (10071), or the
-//     previous write of the same holder whose bookkeeping lags its
-//     acknowledgement; up to 4 more attempts;
-//   - nats.go refused to send it while it reconnects
-//     ([nats.ErrReconnectBufExceeded]: [ConnectOptions] buffers nothing
-//     meanwhile): the write never left this process, so sending it once
-//     the connection is back is the same write, not a second one; every
-//     [unsentPause] until ctx ends. Without this, a server restarted in
-//     milliseconds ended every lease whose renewal fell in nats.go's
-//     reconnect wait.
-func retryBusy(ctx context.Context, cas func() (uint64, error)) (uint64, error) {
-	pause, busy := time.Millisecond, 0
-	for {
-		rev, err := cas()
+// retryBusy runs the write cas (through [resend]), and again after a
+// short pause, up to 4 more times, while a replicated stream answers that
+// another write of the key is still being replicated (code 10164): that
+// write may be a real rival, which the next attempt then meets as a plain
+// conflict (10071), or the previous write of the same holder whose
+// bookkeeping lags its acknowledgement. It returns when the attempt that
+// was answered was sent.
+func retryBusy(ctx context.Context, cas func() (uint64, error)) (uint64, time.Time, error) {
+	pause := time.Millisecond
+	for attempt := 0; ; attempt++ {
+		rev, sent, err := resend(ctx, cas)
 		var apiErr *jetstream.APIError
-		switch {
-		case errors.Is(err, nats.ErrReconnectBufExceeded):
-			if driver.Sleep(ctx, unsentPause) != nil {
-				return rev, err
-			}
-		case busy < 4 && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant:
-			if driver.Sleep(ctx, pause) != nil {
-				return rev, err
-			}
-			busy++
-			pause *= 3
-		default:
-			return rev, err
+		if err == nil || attempt == 4 || !errors.As(err, &apiErr) ||
+			apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant {
+			return rev, sent, err
+		}
+		if driver.Sleep(ctx, pause) != nil {
+			return rev, sent, err
+		}
+		pause *= 3
+	}
+}
+
+// resend runs req, a request to JetStream, and runs it again every
+// unsentPause, until ctx ends, while nats.go refuses to send it because
+// it reconnects ([nats.ErrReconnectBufExceeded]: [ConnectOptions]
+// buffers nothing meanwhile). Such a request never left this process, so
+// sending it once the connection is back is the same request, not a
+// second one: a write is still the one conditional write. It returns
+// req's answer and when the attempt that was sent began. Without it, a
+// server restarted in milliseconds ended every lease whose renewal fell in
+// nats.go's reconnect wait, and failed every Lock waiting then.
+func resend[T any](ctx context.Context, req func() (T, error)) (T, time.Time, error) {
+	for {
+		sent := time.Now()
+		v, err := req()
+		if !errors.Is(err, nats.ErrReconnectBufExceeded) || driver.Sleep(ctx, unsentPause) != nil {
+			return v, sent, err
 		}
 	}
 }
 
-// unsentPause is how long a write that nats.go refused to send while it
+// unsentPause is how long a request that nats.go refused to send while it
 // reconnects waits before it is sent again: a tenth of ConnectOptions'
 // shortest reconnect wait.
 const unsentPause = 10 * time.Millisecond

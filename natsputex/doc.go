@@ -19,7 +19,8 @@
 // [driver.Observable]: besides the kit's renewal events, a client reports
 // [driver.EventTakeover] when one of its calls (or Supervisors) takes a
 // key over from a silent holder, and [driver.EventConfirmation] when that
-// takeover is confirmed (Duration: the time since the takeover write).
+// takeover is confirmed (Duration: the time since the takeover write was
+// answered, from which the confirmation counts).
 // The Supervisor is built on the Locker's lease: its strokes are a
 // Lock's attempts with putex's parts added, and its hold is one of the
 // client's leases, renewed in the same rounds.

@@ -164,8 +164,7 @@ func (l *lease) renew(ctx context.Context) driver.Renewal {
 	if l.agent != nil {
 		return l.renewAgent(ctx)
 	}
-	start := time.Now()
-	rev, err := c.st.renew(ctx, l.key, l.token, l.rev)
+	rev, start, err := c.st.renew(ctx, l.key, l.token, l.rev)
 	if isConflict(err) {
 		// A conflict may answer this very write, applied all the same: a
 		// stream leader that lost its leadership answers it late, after

@@ -223,8 +223,7 @@ func (s *Supervisor) takenBy(r record, rev uint64, start time.Time) string {
 // to the hold (an agent restarted, or given another's token by mistake).
 func (l *lease) renewAgent(ctx context.Context) driver.Renewal {
 	c := l.c
-	start := time.Now()
-	rev, err := c.st.renew(ctx, l.key, l.token, l.rev)
+	rev, start, err := c.st.renew(ctx, l.key, l.token, l.rev)
 	switch {
 	case isConflict(err):
 		end := holdEnd{why: "the key was written by someone else", err: err}

@@ -162,7 +162,7 @@ func (s *Supervisor) serviceUp() bool {
 func (s *Supervisor) blank(ctx context.Context, rev uint64, timeout time.Duration) error {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	nrev, err := s.c.st.renew(bctx, s.key, "", rev)
+	nrev, _, err := s.c.st.renew(bctx, s.key, "", rev)
 	switch {
 	case isConflict(err):
 		return nil

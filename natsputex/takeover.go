@@ -22,10 +22,10 @@ import (
 // own token that it does not hold. wctx bounds the write; it must not end
 // with the caller's context, since a write cut short may land all the
 // same. A win is reported as [driver.EventTakeover]; it returns the
-// revision of the write, the hold's fencing token, and when it began.
+// revision of the write, the hold's fencing token, and when it was sent
+// (see [resend]).
 func (c *Client) takeOver(wctx context.Context, name, key, value string, r record) (uint64, time.Time, error) {
-	start := time.Now()
-	rev, err := c.st.claim(wctx, key, value, r)
+	rev, start, err := c.st.claim(wctx, key, value, r)
 	if err != nil {
 		return 0, start, err
 	}
@@ -47,7 +47,7 @@ func (c *Client) takeOver(wctx context.Context, name, key, value string, r recor
 type confirmation struct {
 	name, key string
 	won       uint64        // the revision of the takeover write: the hold's fencing token
-	began     time.Time     // when the takeover write began: the hold's validity counts from it
+	began     time.Time     // when the takeover write was sent: the hold's validity counts from it
 	since     time.Time     // when its success was answered: the span counts from it
 	span      time.Duration // how long it confirms: C·R, or the displaced holder's longer one
 	value     string        // what it writes until it is done
@@ -71,12 +71,12 @@ func (cf *confirmation) due(now time.Time) bool { return now.Sub(cf.since) >= cf
 // reported as [driver.EventConfirmation]. A failed write ends the
 // confirmation; the caller then leaves the key as it is (never blanks
 // it).
-func (c *Client) confirmWrite(wctx context.Context, cf *confirmation, value string, due bool, rev uint64) (uint64, error) {
-	nrev, err := c.st.renew(wctx, cf.key, value, rev)
+func (c *Client) confirmWrite(wctx context.Context, cf *confirmation, value string, due bool, rev uint64) (uint64, time.Time, error) {
+	nrev, sent, err := c.st.renew(wctx, cf.key, value, rev)
 	if err == nil && due {
 		c.reg.Emit(driver.Event{Kind: driver.EventConfirmation, Name: cf.name, Token: cf.won, Duration: time.Since(cf.since)})
 	}
-	return nrev, err
+	return nrev, sent, err
 }
 
 // attempt is one try of a Lock, an Acquire or a Supervisor's stroke at
@@ -200,9 +200,8 @@ func (c *Client) tryOverBlank(ctx context.Context, a attempt, cl *clocks) (lease
 	if !ok {
 		return nil, nil, false
 	}
-	start := time.Now()
 	octx, cancel := c.writeContext(ctx)
-	nrev, err := c.st.renew(octx, a.key, a.token, blank)
+	nrev, start, err := c.st.renew(octx, a.key, a.token, blank)
 	cancel()
 	switch {
 	case err == nil:
@@ -226,9 +225,8 @@ func (c *Client) takeFree(ctx context.Context, a attempt, r record) (locks.Lease
 			return nil, a.held(r.holder, c.o.renewEvery(), err)
 		}
 	}
-	start := time.Now()
 	octx, cancel := c.writeContext(ctx)
-	rev, err := c.st.claim(octx, a.key, a.token, r)
+	rev, start, err := c.st.claim(octx, a.key, a.token, r)
 	cancel()
 	switch {
 	case isConflict(err):
@@ -285,8 +283,8 @@ func (c *Client) takeSilent(ctx context.Context, a attempt, r record, ht timing,
 // confirm makes the writes of the confirmation cf, one every renewal
 // interval, until its span has passed; the last one writes the lease's
 // own token. A Supervisor checks its health (told [Active]) before that
-// last write. It returns the revision of the last write and when it
-// began.
+// last write. It returns the revision of the last write and when it was
+// sent.
 func (c *Client) confirm(ctx context.Context, a attempt, cf *confirmation) (uint64, time.Time, error) {
 	rev, start := cf.won, cf.began
 	for done := cf.span == 0; !done; {
@@ -302,15 +300,14 @@ func (c *Client) confirm(ctx context.Context, a attempt, cf *confirmation) (uint
 				}
 			}
 		}
-		start = time.Now()
 		octx, cancel := c.opContext(ctx)
-		nrev, err := c.confirmWrite(octx, cf, next, due, rev)
+		nrev, sent, err := c.confirmWrite(octx, cf, next, due, rev)
 		cancel()
 		if err != nil {
 			a.writeFailed(err)
-			return 0, start, err
+			return 0, sent, err
 		}
-		rev = nrev
+		rev, start = nrev, sent
 		a.wrote(rev)
 		done = due
 	}

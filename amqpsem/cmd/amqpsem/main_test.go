@@ -88,7 +88,11 @@ func TestCommand(t *testing.T) {
 
 	// Both slots held by two background commands: --try fails with 3.
 	hold := func() *cmdtest.Process {
-		return cmdtest.Start(t, bin, "--url", url, "acquire", name, "--", "/bin/sh", "-c", "sleep 30")
+		// A 60s heartbeat: the holders verify their slots every 20s, so
+		// neither learns of the removal below before the test ends it (by
+		// default, every 3.3s: one did, now and then, and "status" no
+		// longer showed its slot).
+		return cmdtest.Start(t, bin, "--url", url, "--heartbeat", "60s", "acquire", name, "--", "/bin/sh", "-c", "sleep 30")
 	}
 	h1, h2 := hold(), hold()
 	deadline := time.Now().Add(10 * time.Second)
