@@ -50,8 +50,8 @@ func (p Phase) String() string {
 type Event struct {
 	Time     time.Time
 	Phase    Phase  // the phase after the event
-	Holder   string // the holder's token in the key (without the timing a Supervisor writes after it), when it was read; "" when free
-	Revision uint64 // the key's revision, when known
+	Holder   string // the holder's token in the key (without the timing a Supervisor writes after it), when it was read; "" when free, or when the event read nothing
+	Revision uint64 // the key's revision, when known; 0 when the event read nothing (or the key never existed)
 	Msg      string
 	Err      error
 }
