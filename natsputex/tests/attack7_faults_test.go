@@ -127,22 +127,8 @@ func TestAttack7ClusterRestartTake(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
 	}
-	checkLeaks6(t)
-	cluster := natsenv.StartBinaryCluster(t, 3)
+	cluster, bucket, sn := binaryClusterBucket(t, "atk7cluster")
 	servers := cluster.Servers()
-	urls := cluster.URLs()
-	bucket := uniqueBucket("atk7cluster")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := mustJS(t, urls).CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 64}); err != nil {
-		t.Fatal(err)
-	}
-	sn := awaitBucketLeader(t, urls, bucket, servers, func(_ context.Context, _ *nats.Conn, info *jetstream.ClusterInfo, leader int) error {
-		if leader < 0 {
-			return errors.New("no stream node yet: " + info.Leader)
-		}
-		return nil
-	})
 	for _, tc := range []struct {
 		name string
 		node int
@@ -171,6 +157,29 @@ func TestAttack7ClusterRestartTake(t *testing.T) {
 			})
 		})
 	}
+}
+
+// binaryClusterBucket starts a 3-node cluster of the nats-server program
+// (with a leak check) and makes a single-replica bucket with a history of
+// 64 values on it; it returns the bucket and the index of the node its
+// stream lives on.
+func binaryClusterBucket(t *testing.T, prefix string) (cluster *natsenv.Cluster, bucket string, streamNode int) {
+	t.Helper()
+	checkLeaks6(t)
+	cluster = natsenv.StartBinaryCluster(t, 3)
+	urls, bucket := cluster.URLs(), uniqueBucket(prefix)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := mustJS(t, urls).CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 64}); err != nil {
+		t.Fatal(err)
+	}
+	streamNode = awaitBucketLeader(t, urls, bucket, cluster.Servers(), func(_ context.Context, _ *nats.Conn, info *jetstream.ClusterInfo, leader int) error {
+		if leader < 0 {
+			return errors.New("no stream node yet: " + info.Leader)
+		}
+		return nil
+	})
+	return cluster, bucket, streamNode
 }
 
 // TestAttack7BucketWiped: ConnectOptions: a refused write is sent again
