@@ -27,9 +27,10 @@ type atkMixed struct {
 
 // runMixedContention runs the clients on one name for d: each loops Lock
 // (context 0.2–2s) or, 3 times in 10, TryLock; holds 5–155ms; releases;
-// pauses 0–20ms. It returns the grants, QuorumErrors, and the longest
-// time without a holder.
-func runMixedContention(t *testing.T, addrs []string, cfg []atkMixed, d time.Duration, variant ...string) (grants, quorumErrs int, gap time.Duration) {
+// pauses 0–20ms. It returns the grants, QuorumErrors, the longest time
+// without a holder, and how many times the name had no holder for a
+// stall or longer.
+func runMixedContention(t *testing.T, addrs []string, cfg []atkMixed, d time.Duration, variant ...string) (grants, quorumErrs int, gap time.Duration, stalls int) {
 	has := func(v string) bool {
 		for _, x := range variant {
 			if x == v {
@@ -113,13 +114,23 @@ func runMixedContention(t *testing.T, addrs []string, cfg []atkMixed, d time.Dur
 	clk.check(t)
 	sort.Slice(spans, func(i, j int) bool { return spans[i][0] < spans[j][0] })
 	last := time.Duration(0)
+	note := func(g time.Duration) {
+		gap = max(gap, g)
+		if g >= stall {
+			stalls++
+		}
+	}
 	for _, s := range spans {
-		gap = max(gap, s[0]-last)
+		note(s[0] - last)
 		last = max(last, s[1])
 	}
-	gap = max(gap, d-last)
-	return grants, quorumErrs, gap
+	note(d - last)
+	return grants, quorumErrs, gap, stalls
 }
+
+// stall is how long a time without a holder counts as a stall in
+// runMixedContention's count.
+const stall = time.Second
 
 // TestAttackRefusingMinorityStallsMixedContention: five clients with
 // mixed TTLs, drift factors and priorities (300ms/0.01/p2, 300ms/0.1/p1,
@@ -139,7 +150,11 @@ func runMixedContention(t *testing.T, addrs []string, cfg []atkMixed, d time.Dur
 // as "may have granted" and so never acknowledged a thief's notice about
 // its leftover keys, which the thief waited out (their PTTL, up to 2s).
 // With refused calls counted as never sent (3 runs): 194–209 grants, gap
-// 27–29ms, against 196–199 and 19–24ms all up.
+// 27–29ms, against 196–199 and 19–24ms all up. A single stall of about
+// the 2s TTL still comes now and then, all up as well as with a master
+// refusing (a CI run: 2.031s all up, 2.029s refusing, 153 and 92
+// grants): the test fails on more than one stall of 1s or more, or on a
+// third of the grants, which the bug gave (several 2s stalls in 8s).
 func TestAttackRefusingMinorityStallsMixedContention(t *testing.T) {
 	cfg := []atkMixed{
 		{300 * time.Millisecond, 0.01, 2}, {300 * time.Millisecond, 0.1, 1},
@@ -148,27 +163,27 @@ func TestAttackRefusingMinorityStallsMixedContention(t *testing.T) {
 	const d = 8 * time.Second
 	servers := testenv.StartRedis(t, 5)
 	addrs := addrsOf(servers)
-	g0, q0, gap0 := runMixedContention(t, addrs, cfg, d)
-	t.Logf("5 masters up: %d grants, %d QuorumErrors, longest time without a holder %v", g0, q0, gap0.Round(time.Millisecond))
+	g0, q0, gap0, st0 := runMixedContention(t, addrs, cfg, d)
+	t.Logf("5 masters up: %d grants, %d QuorumErrors, longest time without a holder %v, %d stall(s) of %v or more", g0, q0, gap0.Round(time.Millisecond), st0, stall)
 	addrs1 := append(addrs[:4:4], deadAddr(t))
-	g1, q1, gap1 := runMixedContention(t, addrs1, cfg, d)
-	t.Logf("1 of 5 refusing: %d grants, %d QuorumErrors, longest time without a holder %v", g1, q1, gap1.Round(time.Millisecond))
+	g1, q1, gap1, st1 := runMixedContention(t, addrs1, cfg, d)
+	t.Logf("1 of 5 refusing: %d grants, %d QuorumErrors, longest time without a holder %v, %d stall(s) of %v or more", g1, q1, gap1.Round(time.Millisecond), st1, stall)
 	eq := append([]atkMixed(nil), cfg...)
 	for i := range eq {
 		eq[i].prio = 0
 	}
-	g2, q2, gap2 := runMixedContention(t, addrs1, eq, d)
+	g2, q2, gap2, _ := runMixedContention(t, addrs1, eq, d)
 	t.Logf("1 of 5 refusing, all priority 0 (diagnostic): %d grants, %d QuorumErrors, longest time without a holder %v", g2, q2, gap2.Round(time.Millisecond))
-	g3, q3, gap3 := runMixedContention(t, addrs1, cfg, d, "long Locks")
+	g3, q3, gap3, _ := runMixedContention(t, addrs1, cfg, d, "long Locks")
 	t.Logf("1 of 5 refusing, only Locks with 10s contexts (diagnostic): %d grants, %d QuorumErrors, longest time without a holder %v", g3, q3, gap3.Round(time.Millisecond))
-	g4, q4, gap4 := runMixedContention(t, addrs1, cfg, d, "fast refusal")
+	g4, q4, gap4, _ := runMixedContention(t, addrs1, cfg, d, "fast refusal")
 	t.Logf("1 of 5 refusing, clients that fail a refused dial at once (diagnostic): %d grants, %d QuorumErrors, longest time without a holder %v", g4, q4, gap4.Round(time.Millisecond))
 	if q1 > 0 {
 		t.Errorf("%d QuorumErrors with 4 of 5 masters up", q1)
 	}
-	if g1*3 < g0 || gap1 > 2*time.Second {
-		t.Errorf("one refusing master of 5 cut the hand-offs from %d to %d in %v; longest time without a holder %v (%v with all up)",
-			g0, g1, d, gap1.Round(time.Millisecond), gap0.Round(time.Millisecond))
+	if g1*3 < g0 || st1 > 1 {
+		t.Errorf("one refusing master of 5 cut the hand-offs from %d to %d in %v; %d stall(s) of %v or more, longest time without a holder %v (%v with all up)",
+			g0, g1, d, st1, stall, gap1.Round(time.Millisecond), gap0.Round(time.Millisecond))
 	}
 }
 
