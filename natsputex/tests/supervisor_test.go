@@ -254,7 +254,17 @@ type keyWatch struct {
 func watchWrites(t *testing.T, url, bucket, key string) *keyWatch {
 	t.Helper()
 	kv := mustBucket(t, url, bucket)
-	kw, err := kv.Watch(context.Background(), key)
+	// A replicated stream just made may still be electing its leader: its
+	// consumer's creation then times out (a CI run, on a new 3-node
+	// cluster), and is asked again.
+	var kw jetstream.KeyWatcher
+	var err error
+	for until := time.Now().Add(30 * time.Second); ; {
+		kw, err = kv.Watch(context.Background(), key)
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) || time.Now().After(until) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
