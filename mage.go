@@ -1,7 +1,8 @@
 //go:build ignore
 
 // Mage without installing it: `go run mage.go <target>` builds and runs the
-// targets of magefile.go; `go run mage.go -l` lists them.
+// targets of magefiles/ from the repository root; `go run mage.go -l` lists
+// them.
 package main
 
 import (
@@ -10,4 +11,9 @@ import (
 	"github.com/magefile/mage/mage"
 )
 
-func main() { os.Exit(mage.Main()) }
+func main() {
+	// -d: the targets live in magefiles/; -w: they run from the root, where
+	// go.work, models/ and docs/ are.
+	args := append([]string{"-d", "magefiles", "-w", "."}, os.Args[1:]...)
+	os.Exit(mage.ParseAndRun(os.Stdout, os.Stderr, os.Stdin, args))
+}

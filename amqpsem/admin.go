@@ -86,7 +86,7 @@ func (a *Admin) on(s *session) *Admin {
 func (c *Client) Admin(opts ...Option) (*Admin, error) {
 	o, err := c.derive(opts)
 	if err != nil {
-		return nil, err
+		return nil, opError("admin", "", err)
 	}
 	return &Admin{cl: c, opts: o, mutex: &Locker{cl: c, opts: o}}, nil
 }
@@ -95,21 +95,25 @@ func (c *Client) Admin(opts ...Option) (*Admin, error) {
 // to A[C] and A[C+1] does not. It does not take the mutex: the answer is
 // a snapshot.
 func (a *Admin) Max(ctx context.Context, name string) (int, error) {
-	if err := a.opts.layout.checkSemName(name); err != nil {
+	if err := checkCtx(ctx, "max", name); err != nil {
 		return 0, err
+	}
+	if err := a.opts.layout.checkSemName(name); err != nil {
+		return 0, opError("max", name, err)
 	}
 	a, err := a.bind(ctx)
 	if err != nil {
-		return 0, errorf("amqpsem: maximum of %q: %w", name, err)
+		return 0, opError("max", name, err)
 	}
-	return a.max(ctx, name)
+	n, err := a.max(ctx, name)
+	return n, opError("max", name, err)
 }
 
 func (a *Admin) max(ctx context.Context, name string) (int, error) {
 	lay := a.opts.layout
 	n, err := a.firstMissing(ctx, 1, lay.SlotLimit(name), func(i int) string { return lay.Slot(name, i) })
 	if err != nil {
-		return 0, errorf("amqpsem: maximum of %q: %w", name, err)
+		return 0, errorf("amqpsem: slot count: %w", err)
 	}
 	return n - 1, nil
 }
@@ -150,16 +154,19 @@ type Change struct {
 // a semaphore of that layout exists. It does not take the mutex: the
 // answer is a snapshot.
 func (a *Admin) OtherLayouts(ctx context.Context, name string) ([]string, error) {
-	if err := a.opts.layout.checkSemName(name); err != nil {
+	if err := checkCtx(ctx, "otherlayouts", name); err != nil {
 		return nil, err
+	}
+	if err := a.opts.layout.checkSemName(name); err != nil {
+		return nil, opError("otherlayouts", name, err)
 	}
 	a, err := a.bind(ctx)
 	if err != nil {
-		return nil, errorf("amqpsem: layouts of %q: %w", name, err)
+		return nil, opError("otherlayouts", name, err)
 	}
 	found, err := a.otherLayouts(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, opError("otherlayouts", name, err)
 	}
 	var names []string
 	for _, f := range found {
@@ -193,7 +200,7 @@ func (a *Admin) otherLayouts(ctx context.Context, name string) ([]otherLayout, e
 	}
 	found, err := existing(ctx, a.prober(), cand, func(o otherLayout) string { return o.queue })
 	if err != nil {
-		return nil, errorf("amqpsem: layouts of %q: %w", name, err)
+		return nil, errorf("amqpsem: other layouts: %w", err)
 	}
 	return found, nil
 }
@@ -246,19 +253,25 @@ func (a *Admin) lockAdmin(ctx context.Context, name string, noticed *bool) (*Lea
 
 // locked runs change holding name's administration mutex, with the
 // current maximum, after overshooting. With exclusive, it first refuses
-// with [ErrOtherLayout] when name has slot queues of another layout.
+// with [ErrOtherLayout] when name has slot queues of another layout. Its
+// errors are those of op on name (opError).
 func (a *Admin) locked(ctx context.Context, op, name string, exclusive bool, change func(ctx context.Context, a *Admin, max int) (int, error)) (Change, error) {
+	ch, err := a.lockedChange(ctx, name, exclusive, change)
+	return ch, opError(op, name, err)
+}
+
+func (a *Admin) lockedChange(ctx context.Context, name string, exclusive bool, change func(ctx context.Context, a *Admin, max int) (int, error)) (Change, error) {
 	if err := a.opts.layout.checkSemName(name); err != nil {
 		return Change{}, err
 	}
 	a, err := a.bind(ctx)
 	if err != nil {
-		return Change{}, errorf("amqpsem: %s %q: %w", op, name, err)
+		return Change{}, err
 	}
 	var noticed bool
 	lease, err := a.lockAdmin(ctx, name, &noticed)
 	if err != nil {
-		return Change{}, errorf("amqpsem: %s %q: administration mutex: %w", op, name, err)
+		return Change{}, errorf("administration mutex: %w", err)
 	}
 	defer func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
 	if exclusive {
@@ -267,7 +280,10 @@ func (a *Admin) locked(ctx context.Context, op, name string, exclusive bool, cha
 			return Change{}, err
 		}
 		if len(others) > 0 {
-			return Change{}, fmt.Errorf("%w: %s %q in the %s layout refused: it is a semaphore of %s", ErrOtherLayout, op, name, a.opts.layout.name(), describe(others))
+			return Change{}, errorf("%w: refused in the %s layout, as it is a semaphore of %s", ErrOtherLayout, a.opts.layout.name(), describe(others))
+		}
+		if err := a.refuseQuorum(ctx, name); err != nil {
+			return Change{}, err
 		}
 	}
 	before, err := a.max(ctx, name)
@@ -276,15 +292,15 @@ func (a *Admin) locked(ctx context.Context, op, name string, exclusive bool, cha
 	}
 	if t := a.opts.overshoot; t > 0 {
 		if err := a.deleteSlots(ctx, name, before+1, min(before+t, a.opts.layout.SlotLimit(name))); err != nil {
-			return Change{Before: before, After: before}, errorf("amqpsem: %s %q: overshoot: %w", op, name, err)
+			return Change{Before: before, After: before}, errorf("overshoot: %w", err)
 		}
 	}
 	after, err := change(ctx, a, before)
 	if err != nil {
-		return Change{Before: before, After: after}, errorf("amqpsem: %s %q: %w", op, name, err)
+		return Change{Before: before, After: after}, err
 	}
 	if cause := context.Cause(lease.Context()); cause != nil {
-		return Change{Before: before, After: after}, errorf("amqpsem: %s %q: administration mutex lost during the change: %w", op, name, cause)
+		return Change{Before: before, After: after}, errorf("administration mutex lost during the change: %w", cause)
 	}
 	return Change{Before: before, After: after}, nil
 }
@@ -300,7 +316,7 @@ func checkCount(what string, n int) error {
 // cannot go that high.
 func (a *Admin) checkLimit(name string, slots int) error {
 	if limit := a.opts.layout.SlotLimit(name); slots > limit {
-		return fmt.Errorf("%w: %q can have at most %d slots (the queue names of slot %d would be longer than %d bytes)", ErrInvalidSlots, name, limit, limit+1, maxShortString)
+		return fmt.Errorf("%w: the name can have at most %d slots (the queue names of slot %d would be longer than %d bytes)", ErrInvalidSlots, limit, limit+1, maxShortString)
 	}
 	return nil
 }

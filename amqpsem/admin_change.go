@@ -13,8 +13,11 @@ import (
 // changes nothing. When a declare fails (for example a queue of another
 // layout in the way), the slot queues it created are deleted again.
 func (a *Admin) Create(ctx context.Context, name string, slots int) error {
-	if err := checkCount("slots", slots); err != nil {
+	if err := checkCtx(ctx, "create", name); err != nil {
 		return err
+	}
+	if err := checkCount("slots", slots); err != nil {
+		return opError("create", name, err)
 	}
 	_, err := a.locked(ctx, "create", name, true, func(ctx context.Context, a *Admin, max int) (int, error) {
 		if max > 0 {
@@ -47,8 +50,11 @@ func (a *Admin) ensure(ctx context.Context, name string, slots int) error {
 // declaring the queues between keeps the slots contiguous, which the
 // maximum's definition needs.)
 func (a *Admin) Add(ctx context.Context, name string, n int) (Change, error) {
-	if err := checkCount("slots to add", n); err != nil {
+	if err := checkCtx(ctx, "add", name); err != nil {
 		return Change{}, err
+	}
+	if err := checkCount("slots to add", n); err != nil {
+		return Change{}, opError("add", name, err)
 	}
 	return a.locked(ctx, "add", name, true, func(ctx context.Context, a *Admin, max int) (int, error) {
 		if max+n > MaxSemaphoreSize {
@@ -67,8 +73,11 @@ func (a *Admin) Add(ctx context.Context, name string, n int) (Change, error) {
 // nothing; use [Admin.Destroy] to remove them all. Holders of removed
 // slots keep them until they let go; see [Admin.WaitReleased].
 func (a *Admin) Remove(ctx context.Context, name string, n int) (Change, error) {
-	if err := checkCount("slots to remove", n); err != nil {
+	if err := checkCtx(ctx, "remove", name); err != nil {
 		return Change{}, err
+	}
+	if err := checkCount("slots to remove", n); err != nil {
+		return Change{}, opError("remove", name, err)
 	}
 	return a.locked(ctx, "remove", name, false, func(ctx context.Context, a *Admin, max int) (int, error) {
 		if n > max {
@@ -82,8 +91,11 @@ func (a *Admin) Remove(ctx context.Context, name string, n int) (Change, error) 
 // adding or removing slots as [Admin.Add] and [Admin.Remove] do, under one
 // hold of the mutex.
 func (a *Admin) Resize(ctx context.Context, name string, slots int) (Change, error) {
+	if err := checkCtx(ctx, "resize", name); err != nil {
+		return Change{}, err
+	}
 	if slots < 0 || slots > MaxSemaphoreSize {
-		return Change{}, fmt.Errorf("%w: slots must be in 0..%d, got %d", ErrInvalidSlots, MaxSemaphoreSize, slots)
+		return Change{}, opError("resize", name, fmt.Errorf("%w: slots must be in 0..%d, got %d", ErrInvalidSlots, MaxSemaphoreSize, slots))
 	}
 	return a.locked(ctx, "resize", name, slots > 0, func(ctx context.Context, a *Admin, max int) (int, error) {
 		switch {
@@ -107,6 +119,9 @@ func (a *Admin) Resize(ctx context.Context, name string, slots int) (Change, err
 // broker deletes it a minute after its last waiter left (see the package
 // documentation).
 func (a *Admin) Destroy(ctx context.Context, name string) (int, error) {
+	if err := checkCtx(ctx, "destroy", name); err != nil {
+		return 0, err
+	}
 	ch, err := a.locked(ctx, "destroy", name, false, func(ctx context.Context, a *Admin, max int) (int, error) {
 		return a.removeSlots(ctx, name, max, 0)
 	})

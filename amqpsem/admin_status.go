@@ -36,13 +36,16 @@ type Status struct {
 // that connection cannot be dialled, they go over the client's, as the
 // answer is the same.
 func (a *Admin) Status(ctx context.Context, name string) (Status, error) {
+	if err := checkCtx(ctx, "status", name); err != nil {
+		return Status{}, err
+	}
 	lay := a.opts.layout
 	if err := lay.checkSemName(name); err != nil {
-		return Status{}, err
+		return Status{}, opError("status", name, err)
 	}
 	a, err := a.bind(ctx)
 	if err != nil {
-		return Status{}, errorf("amqpsem: status of %q: %w", name, err)
+		return Status{}, opError("status", name, err)
 	}
 	st := Status{Layout: lay.name()}
 	err = a.scanning(ctx, func(ctx context.Context, a *Admin) error {
@@ -70,7 +73,7 @@ func (a *Admin) Status(ctx context.Context, name string) (Status, error) {
 		return nil
 	})
 	if err != nil {
-		return Status{}, errorf("amqpsem: status of %q: %w", name, err)
+		return Status{}, opError("status", name, err)
 	}
 	return st, nil
 }
@@ -88,7 +91,7 @@ func (a *Admin) heldBetween(ctx context.Context, name string, lo, hi int) ([]int
 func (a *Admin) heldOf(ctx context.Context, name string, slots []int) ([]int, error) {
 	held, err := existing(ctx, a.prober(), slots, func(i int) string { return a.opts.layout.Holder(name, i) })
 	if err != nil {
-		return nil, errorf("amqpsem: holders of %q: %w", name, err)
+		return nil, errorf("amqpsem: holders: %w", err)
 	}
 	return held, nil
 }
@@ -151,13 +154,16 @@ func above(slots []int, c int) []int {
 // ctx.Err() (and, inside a [locks.HeldError], says which slots were still
 // held at the last check).
 func (a *Admin) WaitReleased(ctx context.Context, name string) error {
+	if err := checkCtx(ctx, "waitreleased", name); err != nil {
+		return err
+	}
 	lay := a.opts.layout
 	if err := lay.checkSemName(name); err != nil {
-		return err
+		return opError("waitreleased", name, err)
 	}
 	a, err := a.bind(ctx)
 	if err != nil {
-		return errorf("amqpsem: wait for %q: %w", name, err)
+		return opError("waitreleased", name, err)
 	}
 	var (
 		last    error
@@ -203,15 +209,15 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 		return struct{}{}, nil
 	}
 	if _, err := try(ctx); err == nil || !errors.Is(err, locks.ErrNotAcquired) {
-		return err
+		return opError("waitreleased", name, err)
 	}
 	sub, unsubscribe := a.c.wakes.subscribe(ctx, name)
 	defer unsubscribe()
 	_, err = driver.Wait(ctx, sub.c, a.opts.backoff, try)
 	if err != nil && ctx.Err() != nil && last != nil {
-		return errorf("amqpsem: wait for %q: %w (%w)", name, err, last)
+		return opError("waitreleased", name, errorf("%w (%w)", err, last))
 	}
-	return err
+	return opError("waitreleased", name, err)
 }
 
 // heldAbove takes name's administration mutex (see lockAdmin for
@@ -230,7 +236,7 @@ func (a *Admin) heldAbove(ctx context.Context, name string, noticed *bool) (int,
 	err := a.scanning(ctx, func(ctx context.Context, a *Admin) error {
 		lease, err := a.lockAdmin(ctx, name, noticed)
 		if err != nil {
-			return errorf("amqpsem: wait for %q: administration mutex: %w", name, err)
+			return errorf("administration mutex: %w", err)
 		}
 		defer func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
 		if c, err = a.max(ctx, name); err != nil {

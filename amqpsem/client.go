@@ -44,6 +44,10 @@ type Client struct {
 	leaseMu sync.Mutex
 	leases  map[*driver.Lease]*Lease // live leases, for the verification rounds
 
+	qreg    *driver.Registry               // the leases of the quorum layout ([Quorum])
+	qleases map[*driver.Lease]*QuorumLease // under leaseMu
+	tpool   tokenPool                      // idle token channels
+
 	mu      sync.Mutex
 	cur     *session      // the live session; nil while reconnecting
 	last    *session      // the latest session, for Heartbeat
@@ -76,19 +80,26 @@ type ConnectionEvent struct {
 // matching [amqp.ErrCredentials]). Errors never show the URL's password.
 // Dial does not retry: reconnection is for a connection lost later.
 func Dial(ctx context.Context, url string, opts ...Option) (*Client, error) {
+	if err := checkCtx(ctx, "dial", ""); err != nil {
+		return nil, err
+	}
 	o := defaults()
 	if err := driver.Apply(&o, opts); err != nil {
-		return nil, fmt.Errorf("amqpsem: %w", err)
+		return nil, opError("dial", "", err)
 	}
 	c := &Client{url: url, opts: o, ready: make(chan struct{}), stop: make(chan struct{}), leases: map[*driver.Lease]*Lease{}}
 	s, err := dialSession(ctx, c)
 	if err != nil {
-		return nil, err
+		return nil, opError("dial", "", err)
 	}
 	c.reg, err = driver.NewRegistry(driver.Config{Backend: "amqpsem", RenewEvery: s.verify, Renew: c.verifyLeases})
+	if err == nil {
+		c.qleases = map[*driver.Lease]*QuorumLease{}
+		c.qreg, err = driver.NewRegistry(driver.Config{Backend: "amqpsem", RenewEvery: s.verify, Renew: c.verifyQuorum})
+	}
 	if err != nil {
 		s.start() // close waits for the watch
-		return nil, errors.Join(err, s.close(ctx))
+		return nil, opError("dial", "", errors.Join(err, s.close(ctx)))
 	}
 	c.install(s)
 	return c, nil
@@ -287,9 +298,15 @@ func (c *Client) notify(e ConnectionEvent) {
 // is bounded by ctx: when ctx ends first, the connection's socket is
 // closed (the broker then frees its queues), Close returns an error
 // matching ctx.Err(), and the rest finishes in the background. It returns
-// the errors of deleting queues and closing the connection, if any. It is
-// idempotent: later calls return nil at once.
+// the errors of deleting queues and closing the connection, if any. A
+// broker that does not answer holds Close at most two heartbeat intervals
+// ([Client.Heartbeat], at least 1s each): the deletes wait up to one, and
+// the connection's close is cut short by then too, its socket closed. It
+// is idempotent: later calls return nil at once.
 func (c *Client) Close(ctx context.Context) error {
+	if err := checkCtx(ctx, "close", ""); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	already := c.closed
 	s := c.cur
@@ -302,10 +319,30 @@ func (c *Client) Close(ctx context.Context) error {
 		return nil
 	}
 	// Release at the broker first, while the connection is open: a clean
-	// delete wakes the waiters of other clients at once.
-	err := c.reg.Close(ctx, driver.Lost(&closedError{client: true}))
+	// delete wakes the waiters of other clients at once. Both layouts'
+	// leases are released side by side. A broker that does not answer
+	// holds Close one heartbeat interval, not one for the deletes and
+	// another for the connection's close: the socket is closed then (the
+	// broker frees the queues when it notices).
+	start := time.Now()
+	cause := driver.Lost(&closedError{client: true})
+	var qerr error
+	qdone := make(chan struct{})
+	go func() {
+		defer close(qdone)
+		qerr = c.qreg.Close(ctx, cause)
+	}()
+	err := c.reg.Close(ctx, cause)
+	<-qdone
+	err = errors.Join(err, qerr)
 	if s != nil {
-		err = errors.Join(err, s.close(ctx))
+		sctx, cancel := context.WithDeadline(ctx, start.Add(max(c.Heartbeat(), time.Second)))
+		serr := s.close(sctx)
+		cancel()
+		if ctx.Err() == nil && errors.Is(serr, context.DeadlineExceeded) {
+			serr = errors.New("the broker did not answer the connection's close within a heartbeat interval: its socket was closed")
+		}
+		err = errors.Join(err, serr)
 	}
 	drained := make(chan struct{})
 	go func() {
@@ -320,17 +357,14 @@ func (c *Client) Close(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		return driver.Errorf("amqpsem", "close", "", unprefixed{err})
+		return driver.Errorf(backend, "close", "", unprefixed{err})
 	}
 	return nil
 }
 
 // fail returns err, the error of operation op on name, in the one shape
-// of errors ([driver.Errorf]): "amqpsem: lock \"jobs\": <cause>". A
-// [locks.HeldError] and an invalid name's error, which name the name
-// themselves, are returned as they are. When ctx (bound to the client's
-// registry) ended because the client closed, the error matches
-// [locks.ErrClosed].
+// of errors (see opError). When ctx (bound to the client's registry)
+// ended because the client closed, the error matches [locks.ErrClosed].
 func (c *Client) fail(ctx context.Context, op, name string, err error) error {
 	if err == nil {
 		return nil
@@ -338,13 +372,31 @@ func (c *Client) fail(ctx context.Context, op, name string, err error) error {
 	if c.reg.Closed() && errors.Is(context.Cause(ctx), locks.ErrClosed) && !errors.Is(err, locks.ErrClosed) {
 		err = fmt.Errorf("%w: %w", &closedError{client: true}, err)
 	}
-	if _, held := err.(*locks.HeldError); held || errors.Is(err, locks.ErrInvalidName) {
+	return opError(op, name, err)
+}
+
+// backend names the package in errors.
+const backend = "amqpsem"
+
+// opError returns err, the error of operation op on name, in the one
+// shape of errors ([driver.Errorf]): "amqpsem: lock \"jobs\": <cause>",
+// "amqpsem: " once. The name is left out when the cause names it: an
+// invalid name's error, a [locks.HeldError] of name. An error in that
+// shape already is returned as it is ("amqpsem: dial amqp://host/: ..."
+// for an op without a name); nil gives nil.
+func opError(op, name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, locks.ErrInvalidName) {
+		name = ""
+	}
+	msg := err.Error()
+	if name == "" && (strings.HasPrefix(msg, backend+": "+op+": ") || strings.HasPrefix(msg, backend+": "+op+" ")) ||
+		name != "" && strings.HasPrefix(msg, backend+": "+op+" "+driver.ShownName(name)+": ") {
 		return err
 	}
-	if strings.HasPrefix(err.Error(), fmt.Sprintf("amqpsem: %s %q: ", op, name)) {
-		return err
-	}
-	return driver.Errorf("amqpsem", op, name, unprefixed{err})
+	return driver.Errorf(backend, op, name, unprefixed{err})
 }
 
 // closedError is the error of a call on a connection that is gone: lost

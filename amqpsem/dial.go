@@ -19,7 +19,7 @@ import (
 func dialConn(ctx context.Context, url string, o options) (*amqp.Connection, *silenceConn, time.Duration, error) {
 	uri, err := amqp.ParseURI(url)
 	if err != nil {
-		return nil, nil, 0, errorf("amqpsem: %w", driver.InvalidOption("URL %s: %s", RedactURL(url), RedactURLsIn(err.Error(), url)))
+		return nil, nil, 0, errorf("amqpsem: dial: %w", driver.InvalidOption("URL %s: %s", RedactURL(url), RedactURLsIn(err.Error(), url)))
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, 0, err
@@ -97,7 +97,7 @@ func dialConn(ctx context.Context, url string, o options) (*amqp.Connection, *si
 	hb := conn.Config.Heartbeat
 	if hb <= 0 {
 		_ = conn.Close()
-		return nil, nil, 0, errorf("amqpsem: %w", driver.InvalidOption("heartbeats are disabled (heartbeat=0 in the URL and at the broker): amqpsem needs them to bound how long a dead holder keeps its slot"))
+		return nil, nil, 0, errorf("amqpsem: dial: %w", driver.InvalidOption("heartbeats are disabled (heartbeat=0 in the URL and at the broker): amqpsem needs them to bound how long a dead holder keeps its slot"))
 	}
 	return conn, watched, hb, nil
 }

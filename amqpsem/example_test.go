@@ -9,6 +9,36 @@ import (
 	"github.com/latchkey-go/latchkey/amqpsem"
 )
 
+// The package's quick start: a lock on the local RabbitMQ.
+func ExampleDial() {
+	ctx := context.Background()
+	client, err := amqpsem.Dial(ctx, "amqp://guest:guest@127.0.0.1:5672/")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close(ctx) // ends and releases every lease of the client
+
+	lease, err := client.Locker().Lock(ctx, "nightly-report") // waits its turn
+	if err != nil {
+		log.Fatal(err) // holds nothing; matches ctx.Err() when ctx ended
+	}
+	defer lease.Release(ctx)
+	// lease.Context() ends if the lock is lost (no fencing token: Token() is 0).
+	if err := doWork(lease.Context()); err != nil {
+		log.Print(err)
+	}
+	// Output: working
+}
+
+// doWork stands for your own work under a lease: it stops when ctx ends.
+func doWork(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	fmt.Println("working")
+	return nil
+}
+
 // A client dialed WithCreate: Semaphore(2) creates the persistent
 // semaphore with two slots on first use, and never takes more than two.
 // Work runs under lease.Context(), which ends if the slot is lost.
@@ -32,6 +62,7 @@ func Example() {
 	}
 	defer lease.Release(ctx)
 	build(lease.Context(), lease.(*amqpsem.Lease).Slot())
+	// Output: built on slot 1
 }
 
 // build stands for work that stops when ctx ends.
@@ -72,13 +103,11 @@ func ExampleAdmin() {
 		log.Fatal(err)
 	}
 	fmt.Println("holding slot", lease.(*amqpsem.Lease).Slot(), "of a semaphore of 1")
+	// Output: holding slot 1 of a semaphore of 1
 }
 
 // A mutex on one exclusive queue; Lock waits for a release.
 func ExampleLocker() {
-	// The lock "example-migrations" is the exclusive queue of that name.
-	fmt.Println("queue", amqpsem.DefaultLayout.Mutex("example-migrations"))
-
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := amqpsem.Dial(ctx, "amqp://guest:guest@127.0.0.1:5672/",
@@ -94,11 +123,13 @@ func ExampleLocker() {
 		return
 	}
 	defer lease.Release(ctx)
+	// The lock "example-migrations" is the exclusive queue of that name.
+	fmt.Println("holding queue", amqpsem.DefaultLayout.Mutex("example-migrations"))
 	// Run the migrations under lease.Context(): it ends if the lock is
 	// lost. lease.Token() is 0: RabbitMQ has no fencing tokens.
 	migrate(lease.Context())
 
-	// Output: queue example-migrations
+	// Output: holding queue example-migrations
 }
 
 // migrate stands for work that stops when ctx ends.
@@ -123,8 +154,11 @@ func ExamplePythonLayout() {
 	defer c.Close(ctx)
 	// The Locker, Semaphores and Admins of c use the Python
 	// implementation's queue names.
+	fmt.Println("connected:", c.Connected())
 
-	// Output: jobs-A-1 jobs-B-1
+	// Output:
+	// jobs-A-1 jobs-B-1
+	// connected: true
 }
 
 // A long-lived client reconnects by itself after a lost connection;
@@ -149,4 +183,5 @@ func ExampleWithConnectionNotice() {
 	}
 	defer c.Close(ctx)
 	fmt.Println("connected:", c.Connected())
+	// Output: connected: true
 }

@@ -76,7 +76,7 @@ const freeAttempts = 3
 // the delete fails while the connection lives (its channel was closed by
 // the broker for an earlier error on it), the queue is still there: free
 // tries again on a fresh channel. When ctx ends during the delete, free
-// waits up to a heartbeat interval more (see [Client.call]), then returns
+// waits up to a heartbeat interval more (see Client.call), then returns
 // ctx's error while the delete goes on. A ctx that has ended already does
 // not stop the delete: free waits up to a heartbeat interval for it, and
 // returns ctx's error only if it is not done by then. Later calls return

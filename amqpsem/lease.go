@@ -125,7 +125,12 @@ func (l *Lease) Queue() string { return l.h.queue }
 // ended already does not stop the delete either: Release waits up to a
 // heartbeat interval for it, returning nil if it is done by then, else an
 // error matching ctx.Err() while it goes on.
-func (l *Lease) Release(ctx context.Context) error { return l.base.Release(ctx) }
+func (l *Lease) Release(ctx context.Context) error {
+	if err := checkCtx(ctx, "release", l.base.Name()); err != nil {
+		return err
+	}
+	return l.base.Release(ctx)
+}
 
 // AfterEnd arranges for f to run in its own goroutine once the lease has
 // ended, as [driver.Lease.AfterEnd] does; wrappers such as lockotel use

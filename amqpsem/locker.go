@@ -57,10 +57,10 @@ func (c *Client) derive(opts []Option) (options, error) {
 	o := c.opts
 	o.connSet = false
 	if err := driver.Apply(&o, opts); err != nil {
-		return o, errorf("amqpsem: %w", err)
+		return o, err
 	}
 	if o.connSet {
-		return o, errorf("amqpsem: %w", driver.InvalidOption("connection options are given to Dial"))
+		return o, driver.InvalidOption("connection options are given to Dial")
 	}
 	return o, nil
 }
@@ -72,8 +72,11 @@ func (c *Client) derive(opts []Option) (options, error) {
 // failure nothing is held; when ctx ends first, the error matches
 // ctx.Err().
 func (m *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
-	if _, err := m.opts.layout.checkMutexName(name); err != nil {
+	if err := checkCtx(ctx, "trylock", name); err != nil {
 		return nil, err
+	}
+	if _, err := m.opts.layout.checkMutexName(name); err != nil {
+		return nil, opError("trylock", name, err)
 	}
 	ctx, cancel := m.cl.reg.Bind(ctx)
 	defer cancel()
@@ -105,9 +108,12 @@ func (m *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) 
 // race the waiter a release woke: a lost wake-up costs up to two
 // back-off delays.
 func (m *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
+	if err := checkCtx(ctx, "lock", name); err != nil {
+		return nil, err
+	}
 	q, err := m.opts.layout.checkMutexName(name)
 	if err != nil {
-		return nil, err
+		return nil, opError("lock", name, err)
 	}
 	ctx, cancel := m.cl.reg.Bind(ctx)
 	defer cancel()
@@ -237,7 +243,7 @@ func (m *Locker) held(ctx context.Context, q string) (bool, error) {
 func declareError(name, q string, err error) error {
 	switch code := amqpCode(err); {
 	case code == amqp.ResourceLocked: // another connection owns it
-		return &locks.HeldError{Name: name, Err: errorf("amqpsem: queue %q: %w", q, err)}
+		return &locks.HeldError{Name: name, Err: errorf("queue %q: %w", q, err)}
 	case code == amqp.PreconditionFailed: // different arguments
 		return errorf("amqpsem: queue %q exists with other arguments (another layout?): %w", q, err)
 	}

@@ -32,6 +32,7 @@ type options struct {
 	ascending    bool
 	wakeExchange string
 	mutexWait    func(name string)
+	holdTimeout  time.Duration // quorum layout: x-consumer-timeout; 0: the broker's
 
 	hooks testHooks
 }
@@ -287,6 +288,24 @@ func WithReconnect(on bool, b locks.Backoff) Option {
 func WithConnectionNotice(f func(ConnectionEvent)) Option {
 	return func(o *options) error {
 		o.connNotice, o.connSet = f, true
+		return nil
+	}
+}
+
+// WithConsumerTimeout sets the consumer timeout that the quorum layout's
+// queues are made with ([Quorum.Create], or [WithCreate]): the
+// x-consumer-timeout queue argument, which RabbitMQ honours from 3.12. A
+// token held longer than it loses its channel: the broker closes it, the
+// token goes to the next client and the lease ends with [locks.ErrLost].
+// Creating on an older broker fails with an error saying so, before it
+// declares anything. It must be at least 1s. The default, 0, leaves the
+// broker's consumer_timeout (30 minutes unless configured).
+func WithConsumerTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		o.holdTimeout = d
+		if d < time.Second {
+			return driver.InvalidOption("consumer timeout must be at least 1s, got %v", d)
+		}
 		return nil
 	}
 }

@@ -98,7 +98,7 @@ func (s *Semaphore) bind(ctx context.Context) (*Semaphore, error) {
 // MaxSemaphoreSize.
 func (c *Client) Semaphore(size int) (*Semaphore, error) {
 	if size < 1 || size > MaxSemaphoreSize {
-		return nil, driver.Errorf("amqpsem", "semaphore", "", fmt.Errorf("%w: size must be in 1..%d, got %d", ErrInvalidSlots, MaxSemaphoreSize, size))
+		return nil, driver.Errorf(backend, "semaphore", "", fmt.Errorf("%w: size must be in 1..%d, got %d", ErrInvalidSlots, MaxSemaphoreSize, size))
 	}
 	o := c.opts
 	return &Semaphore{cl: c, opts: o, size: size, admin: &Admin{cl: c, opts: o, mutex: &Locker{cl: c, opts: o}}}, nil
@@ -123,8 +123,11 @@ func (s *Semaphore) Size() int { return s.size }
 // error matching [locks.ErrInvalidName] before any I/O. On failure nothing
 // is held; when ctx ends first, the error matches ctx.Err().
 func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, error) {
-	if err := s.opts.layout.checkSemName(name); err != nil {
+	if err := checkCtx(ctx, "tryacquire", name); err != nil {
 		return nil, err
+	}
+	if err := s.opts.layout.checkSemName(name); err != nil {
+		return nil, opError("tryacquire", name, err)
 	}
 	ctx, cancel := s.cl.reg.Bind(ctx)
 	defer cancel()
@@ -149,8 +152,11 @@ func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, e
 // failure nothing is held; when ctx ends first, the error matches
 // ctx.Err().
 func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, error) {
-	if err := s.opts.layout.checkSemName(name); err != nil {
+	if err := checkCtx(ctx, "acquire", name); err != nil {
 		return nil, err
+	}
+	if err := s.opts.layout.checkSemName(name); err != nil {
+		return nil, opError("acquire", name, err)
 	}
 	ctx, cancel := s.cl.reg.Bind(ctx)
 	defer cancel()
@@ -204,7 +210,7 @@ func (s *Semaphore) try(ctx context.Context, name string) (*Lease, error) {
 			return nil, s.noSlots(ctx, name)
 		}
 		if slot == 0 {
-			return nil, &locks.HeldError{Name: name, Err: ErrAllHeld}
+			return nil, &locks.HeldError{Name: name, Err: unprefixed{ErrAllHeld}}
 		}
 		l, err := s.claim(ctx, name, slot)
 		if err == nil || !errors.Is(err, locks.ErrNotAcquired) {
@@ -221,7 +227,7 @@ func (s *Semaphore) try(ctx context.Context, name string) (*Lease, error) {
 		}
 		attempt++
 		if attempt >= s.opts.maxAttempts {
-			return nil, &locks.HeldError{Name: name, Err: fmt.Errorf("%w (%d attempts): %w", ErrContention, attempt, err)}
+			return nil, &locks.HeldError{Name: name, Err: errorf("%w (%d attempts): %w", ErrContention, attempt, err)}
 		}
 		if err := s.pause(ctx, err); err != nil {
 			return nil, err
@@ -261,7 +267,7 @@ func (s *Semaphore) claim(ctx context.Context, name string, slot int) (*Lease, e
 		if perr != nil {
 			return nil, perr
 		}
-		return nil, &locks.HeldError{Name: name, Err: fmt.Errorf("%w: slot %d removed while acquiring it", ErrSlotRemoved, slot)}
+		return nil, &locks.HeldError{Name: name, Err: errorf("%w: slot %d removed while acquiring it", ErrSlotRemoved, slot)}
 	}
 	return c.newLease(ctx, name, slot, a, h, sent)
 }
@@ -270,9 +276,9 @@ func (s *Semaphore) claim(ctx context.Context, name string, slot int) (*Lease, e
 // layout it is a semaphore, if it is one.
 func (s *Semaphore) noSlots(ctx context.Context, name string) error {
 	lay := s.opts.layout
-	err := fmt.Errorf("%w: %q (no slot queue %q; create it with an Admin, or acquire WithCreate)", ErrNoSlots, name, lay.Slot(name, 1))
+	err := fmt.Errorf("%w (no slot queue %q; create it with an Admin, or acquire WithCreate)", ErrNoSlots, lay.Slot(name, 1))
 	if others, oerr := s.admin.otherLayouts(ctx, name); oerr == nil && len(others) > 0 {
-		err = fmt.Errorf("%w: %q has no slots in the %s layout, but is a semaphore of %s", ErrNoSlots, name, lay.name(), describe(others))
+		err = fmt.Errorf("%w in the %s layout, but it is a semaphore of %s", ErrNoSlots, lay.name(), describe(others))
 	}
 	return err
 }

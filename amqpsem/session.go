@@ -243,8 +243,8 @@ func (c *session) connErr(err error) error {
 // socketLost reports whether err is the connection's socket failing (a
 // write on a broken pipe, a reset, an EOF): amqp091 closes the connection
 // for it, but a call may see the error before the connection says it is
-// closed (found by an attack: a probe's "write: broken pipe" reached the
-// caller unwrapped, matching neither ErrConnectionClosed nor ErrClosed).
+// closed, so a "write: broken pipe" would otherwise reach the caller
+// matching neither ErrConnectionClosed nor ErrClosed.
 func socketLost(err error) bool {
 	var ne *net.OpError
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||

@@ -42,6 +42,8 @@ func (s *amqpFloor) NewClient(context.Context) (Client, error) {
 
 func (s *amqpFloor) Close() error { return nil }
 
+func (s *amqpFloor) amqpConnections() {}
+
 type amqpFloorClient struct {
 	conn *amqp.Connection
 	mu   sync.Mutex

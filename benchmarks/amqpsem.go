@@ -19,6 +19,7 @@ import (
 type amqpsemSystem struct {
 	url       string
 	semaphore bool
+	joined    bool // in a worker process (see Env.Join)
 
 	mu      sync.Mutex
 	created map[string]bool // semaphore names acquired, to destroy
@@ -29,7 +30,7 @@ func newAmqpsem(semaphore bool) func(context.Context, Env) (System, error) {
 		if err := env.need(AMQP, 0); err != nil {
 			return nil, err
 		}
-		return &amqpsemSystem{url: env.AMQP, semaphore: semaphore, created: map[string]bool{}}, nil
+		return &amqpsemSystem{url: env.AMQP, semaphore: semaphore, joined: env.Join != "", created: map[string]bool{}}, nil
 	}
 }
 
@@ -68,7 +69,12 @@ func (t trackedLocker) Lock(ctx context.Context, name string) (Held, error) {
 }
 
 // Close destroys the semaphores the system created.
+func (s *amqpsemSystem) amqpConnections() {}
+
 func (s *amqpsemSystem) Close() error {
+	if s.joined {
+		return nil // the parent's system destroys what the run made
+	}
 	s.mu.Lock()
 	names := s.created
 	s.created = map[string]bool{}
@@ -118,3 +124,92 @@ func (c *amqpsemClient) Semaphore(_ context.Context, size int) (Locker, error) {
 func (c *amqpsemClient) Close() error { return c.c.Close(context.Background()) }
 
 var _ locks.Locker = (*amqpsem.Locker)(nil)
+
+// amqpsemQuorumSystem is amqpsem's quorum layout ("amqpsem/quorum"): a
+// lock or semaphore is a quorum queue of token messages, made on first
+// acquire (WithCreate) and destroyed when the system is closed.
+type amqpsemQuorumSystem struct {
+	url    string
+	joined bool // in a worker process (see Env.Join)
+
+	mu      sync.Mutex
+	created map[string]bool // names acquired, to destroy
+}
+
+func newAmqpsemQuorum(_ context.Context, env Env) (System, error) {
+	if err := env.need(AMQP, 0); err != nil {
+		return nil, err
+	}
+	return &amqpsemQuorumSystem{url: env.AMQP, joined: env.Join != "", created: map[string]bool{}}, nil
+}
+
+func (s *amqpsemQuorumSystem) record(name string) {
+	s.mu.Lock()
+	s.created[name] = true
+	s.mu.Unlock()
+}
+
+func (s *amqpsemQuorumSystem) NewClient(ctx context.Context) (Client, error) {
+	c, err := amqpsem.Dial(ctx, s.url, amqpsem.WithCreate(true))
+	if err != nil {
+		return nil, err
+	}
+	return &amqpsemQuorumClient{Locker: quorumTracked{leaseLocker{c.Quorum().Locker()}, s}, s: s, c: c}, nil
+}
+
+// quorumTracked records the names a locker acquires.
+type quorumTracked struct {
+	Locker
+	s *amqpsemQuorumSystem
+}
+
+func (t quorumTracked) Lock(ctx context.Context, name string) (Held, error) {
+	t.s.record(name)
+	return t.Locker.Lock(ctx, name)
+}
+
+// Close destroys the token queues the system made.
+func (s *amqpsemQuorumSystem) Close() error {
+	if s.joined {
+		return nil // the parent's system destroys what the run made
+	}
+	s.mu.Lock()
+	names := s.created
+	s.created = map[string]bool{}
+	s.mu.Unlock()
+	if len(names) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := amqpsem.Dial(ctx, s.url)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	var errs []error
+	for name := range names {
+		if err := c.Quorum().Destroy(ctx, name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type amqpsemQuorumClient struct {
+	Locker
+	s *amqpsemQuorumSystem
+	c *amqpsem.Client
+}
+
+// Semaphore returns a quorum semaphore of size tokens, made on first
+// acquire.
+func (c *amqpsemQuorumClient) Semaphore(_ context.Context, size int) (Locker, error) {
+	sem, err := c.c.Quorum().Semaphore(size)
+	if err != nil {
+		return nil, err
+	}
+	return quorumTracked{semLocker{sem}, c.s}, nil
+}
+
+func (c *amqpsemQuorumClient) Close() error { return c.c.Close(context.Background()) }

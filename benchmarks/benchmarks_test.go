@@ -90,12 +90,25 @@ func checkResult(t *testing.T, r Result, system, scenario string) {
 	if r.Ops <= 0 {
 		t.Errorf("ops/s = %v", r.Ops)
 	}
+	if scenario == Contended || scenario == Waiters {
+		// Every system reports its fairness and longest wait, in one
+		// process here (4 clients, Ops-bounded).
+		m := func(name string) float64 {
+			t.Helper()
+			v, ok := r.Metrics[name]
+			if !ok {
+				t.Errorf("%s: no %s in %v", scenario, name, r.Metrics)
+			}
+			return v
+		}
+		checkCrowd(t, r, m, 4, 1)
+	}
 }
 
 func TestRegistry(t *testing.T) {
 	want := []string{
 		"memlock", "natsputex", "natsputex+otel", "natsputex/R3", "amqpsem/mutex", "amqpsem/semaphore",
-		"redlockprio/N1", "redlockprio/N3", "redlockprio/N3+otel", "redlockprio/N5",
+		"amqpsem/quorum", "redlockprio/N1", "redlockprio/N3", "redlockprio/N3+otel", "redlockprio/N5",
 		"redsync/N1", "redsync/N3", "redsync/N5", "redislock",
 		"floor/redis", "floor/nats-kv", "floor/amqp",
 	}
@@ -145,7 +158,8 @@ func TestRegistry(t *testing.T) {
 	if all, _ := Match(""); len(all) != len(want)-2 {
 		t.Errorf("Match(\"\") = %d systems, want all %d but the 2 variants", len(all), len(want)-2)
 	}
-	withOtel := WithVariants([]Entry{es[0], es[1], es[7]})
+	n3, _ := Lookup("redlockprio/N3")
+	withOtel := WithVariants([]Entry{es[0], es[1], n3})
 	if got, want := Names(withOtel), []string{"memlock", "natsputex", "natsputex+otel", "redlockprio/N3", "redlockprio/N3+otel"}; !slices.Equal(got, want) {
 		t.Errorf("WithVariants(memlock, natsputex, redlockprio/N3) = %q, want %q", got, want)
 	}

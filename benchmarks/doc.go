@@ -20,7 +20,8 @@
 //   - backends: memlock (in-process, the ceiling), natsputex (one embedded
 //     NATS node) and natsputex/R3 (a 3-node cluster, bucket with 3
 //     replicas), amqpsem/mutex and amqpsem/semaphore (a one-slot semaphore
-//     in the lock scenarios), redlockprio/N1, /N3, /N5 (Redis masters);
+//     in the lock scenarios), amqpsem/quorum (the quorum-queue layout),
+//     redlockprio/N1, /N3, /N5 (Redis masters);
 //   - peers: redsync/N1, /N3, /N5 (go-redsync/redsync with its default
 //     retry policy, re-locking after each ErrFailed) and redislock
 //     (bsm/redislock, ExponentialBackoff(16ms, 256ms), its recommended
@@ -50,6 +51,27 @@
 //     to another client than the previous holder, and the busiest client's
 //     share, because a greedy re-acquirer can post a high rate while
 //     starving the others.
+//   - waiters: contended at several client counts (8, 64, 256 and 1,000
+//     by default), one scenario each, named waiters/<count>. The clients
+//     run in ⌈count / 250⌉ worker processes (lockbench runs itself with a
+//     hidden flag; see [Spread] and [ServeWorker]) that start together on
+//     the wall clock they share; their acquisitions are merged by time.
+//     Both contended and waiters report, beside hand-offs/s and the waits'
+//     percentiles, the hand-offs to another client per second, the
+//     busiest client's share, the longest single wait (counting waits
+//     still unanswered at the end), the clients never served, and broker
+//     operations per hand-off: Redis commands executed on the masters
+//     (INFO commandstats, read before and after the run), NATS messages
+//     published and received by the clients' connections (summed over the
+//     workers), none for RabbitMQ (see [MetricOpsPerHandoff]).
+//     Connections: every client has its own. Redis: one or more per
+//     master (redlockprio/N3 at 1,000 waiters peaked at 3,114 on one
+//     master), under redis-server's default maxclients of 10,000, which
+//     testenv keeps. NATS: one per client (the server's default
+//     max_connections is 64K). RabbitMQ: one per client, and counts
+//     needing more than [Params.AMQPConnections] (300) are not
+//     applicable: a stock RabbitMQ takes 832 sockets, and it is often
+//     shared.
 //   - handoff: two clients; the holder waits until the waiter is blocked in
 //     Lock (three uncontended acquire times, at least 1ms, not measured),
 //     then a sample runs from a monotonic timestamp just before Release to
@@ -74,5 +96,6 @@
 // [RunAll] runs entries × scenarios into a [Report], which prints one
 // table (p50, p90, p99, ops/s, ratio to the floor and to the best peer),
 // writes JSON with a stable schema ([Report.WriteJSON]) and an SVG chart
-// ([Report.WriteSVG]).
+// ([Report.WriteSVG]), with the waiters scenario's hand-offs to another
+// client per second against the waiter count, one line per system.
 package benchmarks

@@ -27,6 +27,9 @@ func (s *memSystem) NewClient(context.Context) (Client, error) {
 
 func (s *memSystem) Close() error { return nil }
 
+// inProcessOnly: the store lives in this process.
+func (s *memSystem) inProcessOnly() {}
+
 type memClient struct {
 	Locker
 	c *memlock.Client

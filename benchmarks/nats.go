@@ -22,6 +22,7 @@ type natsBase struct {
 	url      string
 	ttl      time.Duration
 	replicas int
+	joined   bool // built on another process's bucket (see Env.Join)
 
 	mu    sync.Mutex
 	conns []*nats.Conn
@@ -55,6 +56,25 @@ func (b *natsBase) roundTrips() uint64 {
 	return n
 }
 
+// brokerOps counts the messages this process's connections of the system
+// published (requests, and the odd ack) and received (replies, watch and
+// subscription updates): the server's in_msgs and out_msgs for these
+// connections, counted at the client because the embedded server has no
+// monitoring port. Each worker process counts its own.
+func (b *natsBase) brokerOps(context.Context) (brokerOps, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	o := brokerOps{HasOut: true}
+	for _, nc := range b.conns {
+		st := nc.Stats()
+		o.Ops += st.OutMsgs
+		o.Out += st.InMsgs
+	}
+	return o, nil
+}
+
+func (b *natsBase) wideOps() bool { return false }
+
 // uniqueBucket returns a fresh bucket name with prefix.
 func uniqueBucket(prefix string) string {
 	var b [6]byte
@@ -79,7 +99,11 @@ func newNATSFloor(ctx context.Context, env Env) (System, error) {
 	if err := env.need(NATS, 0); err != nil {
 		return nil, err
 	}
-	s := &natsFloor{natsBase: natsBase{url: env.NATS, ttl: env.ttl(), replicas: 1}, bucket: uniqueBucket("lockbench_floor")}
+	s := &natsFloor{natsBase: natsBase{url: env.NATS, ttl: env.ttl(), replicas: 1, joined: env.Join != ""}, bucket: uniqueBucket("lockbench_floor")}
+	if s.joined {
+		s.bucket = env.Join
+		return s, nil
+	}
 	nc, js, err := s.connect()
 	if err != nil {
 		return nil, err
@@ -104,7 +128,12 @@ func (s *natsFloor) NewClient(ctx context.Context) (Client, error) {
 	return &natsFloorClient{nc: nc, kv: kv}, nil
 }
 
+func (s *natsFloor) joinKey() string { return s.bucket }
+
 func (s *natsFloor) Close() error {
+	if s.joined {
+		return nil
+	}
 	nc, js, err := s.connect()
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package benchmarks
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,8 +31,8 @@ func newNatsputex(replicas int) func(context.Context, Env) (System, error) {
 			return nil, err
 		}
 		return &natsputexSystem{
-			natsBase: natsBase{url: url, ttl: env.ttl(), replicas: replicas},
-			bucket:   uniqueBucket("lockbench_putex"),
+			natsBase: natsBase{url: url, ttl: env.ttl(), replicas: replicas, joined: env.Join != ""},
+			bucket:   cmp.Or(env.Join, uniqueBucket("lockbench_putex")),
 		}, nil
 	}
 }
@@ -54,8 +55,13 @@ func (s *natsputexSystem) RenewInterval() time.Duration { return s.ttl / 3 }
 func (s *natsputexSystem) Masters() int                 { return 1 }
 func (s *natsputexSystem) RoundTrips() uint64           { return s.roundTrips() }
 
-// Close deletes the bucket.
+func (s *natsputexSystem) joinKey() string { return s.bucket }
+
+// Close deletes the bucket, unless the system joined another's.
 func (s *natsputexSystem) Close() error {
+	if s.joined {
+		return nil
+	}
 	nc, js, err := s.connect()
 	if err != nil {
 		return err

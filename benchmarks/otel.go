@@ -194,3 +194,24 @@ func (rep *Report) writeOverheads(w io.Writer) error {
 	fmt.Fprintln(w, "          p50 ÷ twin's p50 − 1; for contended, twin's ops/s ÷ variant's ops/s − 1.")
 	return nil
 }
+
+// joinKey, brokerOps and wideOps are the inner system's, for the waiters
+// scenario's worker processes and broker counters.
+func (s *otelSystem) joinKey() string {
+	if j, ok := s.inner.(joinable); ok {
+		return j.joinKey()
+	}
+	return ""
+}
+
+func (s *otelSystem) brokerOps(ctx context.Context) (brokerOps, error) {
+	if c, ok := s.inner.(brokerCounter); ok {
+		return c.brokerOps(ctx)
+	}
+	return brokerOps{}, errors.New("benchmarks: no broker counters")
+}
+
+func (s *otelSystem) wideOps() bool {
+	c, ok := s.inner.(brokerCounter)
+	return ok && c.wideOps()
+}

@@ -1,9 +1,14 @@
 package benchmarks
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -264,3 +269,77 @@ type redisFloorHeld struct {
 }
 
 func (h redisFloorHeld) Release(ctx context.Context) error { return h.c.Del(ctx, h.name).Err() }
+
+// brokerOps sums the calls of every command in INFO commandstats on each
+// master the system uses (commands run by scripts included, INFO itself
+// not): the masters' own count, every process's clients together. It asks
+// over a bare connection, so that no handshake of a client library is
+// counted.
+func (b *redisBase) brokerOps(ctx context.Context) (brokerOps, error) {
+	var o brokerOps
+	for _, a := range b.addrs {
+		n, err := redisCommandCalls(ctx, a)
+		if err != nil {
+			return brokerOps{}, err
+		}
+		o.Ops += n
+	}
+	return o, nil
+}
+
+func (b *redisBase) wideOps() bool { return true }
+
+// redisCommandCalls returns the sum of calls in addr's INFO commandstats,
+// but INFO's.
+func redisCommandCalls(ctx context.Context, addr string) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return 0, fmt.Errorf("redis %s: info commandstats: %w", addr, err)
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	if _, err := io.WriteString(conn, "*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n"); err != nil {
+		return 0, fmt.Errorf("redis %s: info commandstats: %w", addr, err)
+	}
+	br := bufio.NewReader(conn)
+	head, err := br.ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("redis %s: info commandstats: %w", addr, err)
+	}
+	size, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if !strings.HasPrefix(head, "$") || err != nil || size < 0 {
+		return 0, fmt.Errorf("redis %s: info commandstats: unexpected reply %q", addr, strings.TrimSpace(head))
+	}
+	body := make([]byte, size)
+	if _, err := io.ReadFull(br, body); err != nil {
+		return 0, fmt.Errorf("redis %s: info commandstats: %w", addr, err)
+	}
+	return sumCommandCalls(string(body))
+}
+
+// sumCommandCalls sums calls= over the cmdstat_ lines of an INFO
+// commandstats reply, but INFO's.
+func sumCommandCalls(info string) (uint64, error) {
+	var n uint64
+	for line := range strings.SplitSeq(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" {
+			continue
+		}
+		for field := range strings.SplitSeq(stats, ",") {
+			if v, ok := strings.CutPrefix(field, "calls="); ok {
+				c, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("commandstats: bad line %q", line)
+				}
+				n += c
+			}
+		}
+	}
+	return n, nil
+}

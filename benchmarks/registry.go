@@ -74,6 +74,7 @@ func Systems() []Entry {
 	}
 	es = append(es, withOtelVariants(natsputexEntries())...)
 	es = append(es, amqpsemEntries()...)
+	es = append(es, Entry{Name: "amqpsem/quorum", Kind: Backend, Needs: AMQP, Floor: "floor/amqp", New: newAmqpsemQuorum})
 	for _, n := range []int{1, 3, 5} {
 		es = append(es, withOtelVariants([]Entry{redlockprioEntry(n, redisPeers(n))})...)
 	}

@@ -31,6 +31,9 @@ type Report struct {
 	Metrics []Metric `json:"metrics,omitempty"`
 	// Skipped lists the systems, or system×scenario pairs, left out, and why.
 	Skipped []Skipped `json:"skipped,omitempty"`
+	// Notes are what runs saw that their figures do not say (calls that
+	// failed, the first error), by system×scenario.
+	Notes []Skipped `json:"notes,omitempty"`
 	// RTT is the median round trip of each broker, measured in the same
 	// run with its cheapest request (Redis PING, NATS PING, AMQP basic.qos),
 	// in nanoseconds, keyed by [Broker.String].
@@ -130,11 +133,14 @@ func (rep *Report) Metric(system, scenario, name string) (float64, bool) {
 // (ops/s, higher is better) rather than the p50 latency (lower is better).
 // The many scenario's headline is its renewal round trips per second, where
 // lower is better.
-func HigherIsBetter(scenario string) bool { return scenario == Contended }
+func HigherIsBetter(scenario string) bool {
+	base, _ := splitScenario(scenario)
+	return base == Contended || base == Waiters
+}
 
 // headline returns the figure ratios are taken on.
 func headline(r Result) float64 {
-	if r.Scenario == Contended || r.Scenario == Many {
+	if HigherIsBetter(r.Scenario) || r.Scenario == Many {
 		return r.Ops
 	}
 	return float64(r.P50)
@@ -226,8 +232,13 @@ func (rep *Report) sorted() []Result {
 	out := append([]Result(nil), rep.Results...)
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i], out[j]
-		if sc[a.Scenario] != sc[b.Scenario] {
-			return sc[a.Scenario] < sc[b.Scenario]
+		ab, an := splitScenario(a.Scenario)
+		bb, bn := splitScenario(b.Scenario)
+		if sc[ab] != sc[bb] {
+			return sc[ab] < sc[bb]
+		}
+		if an != bn {
+			return an < bn
 		}
 		return order[a.System] < order[b.System]
 	})
@@ -242,10 +253,10 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	var many, contended []Result
 	for _, r := range rep.sorted() {
-		switch r.Scenario {
+		switch base, _ := splitScenario(r.Scenario); base {
 		case Many:
 			many = append(many, r)
-		case Contended:
+		case Contended, Waiters:
 			contended = append(contended, r)
 		}
 	}
@@ -259,6 +270,13 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		return err
 	}
 	rep.writeRTT(w)
+	if len(rep.Notes) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "notes:")
+		for _, n := range rep.Notes {
+			fmt.Fprintf(w, "  %s × %s: %s\n", n.System, n.Scenario, n.Reason)
+		}
+	}
 	rep.writeSkipped(w)
 	return nil
 }
@@ -305,20 +323,62 @@ func (rep *Report) writeResults(w io.Writer) error {
 	return nil
 }
 
-// writeContended writes the contended scenario's fairness figures.
+// writeContended writes the contended and waiters scenarios' fairness,
+// waits and broker operations.
 func (rep *Report) writeContended(w io.Writer, contended []Result) error {
 	if len(contended) == 0 {
 		return nil
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
-	fmt.Fprintln(tw, "contended: system	hand-offs/s	to another client/s	busiest client's share	")
+	fmt.Fprintln(tw, "contended, waiters: system\tscenario\tclients\tprocesses\thand-offs/s\tto another client/s\tp50 wait\tp99 wait\tlongest wait\tbusiest client's share\tnever held\tfailed calls\tbroker ops/hand-off\t")
+	na := false
 	for _, r := range contended {
-		sw, _ := rep.Metric(r.System, Contended, "switches_per_s")
-		share, _ := rep.Metric(r.System, Contended, "top_client_share")
-		fmt.Fprintf(tw, "%s	%s	%s	%.0f%%	\n", r.System, FormatRate(r.Ops), FormatRate(sw), 100*share)
+		m := func(name string) (float64, bool) { return rep.Metric(r.System, r.Scenario, name) }
+		sw, _ := m(MetricSwitches)
+		share, _ := m(MetricTopShare)
+		cell := func(name string) string {
+			if v, ok := m(name); ok {
+				return strconv.FormatFloat(v, 'f', 0, 64)
+			}
+			return "-"
+		}
+		longest := "-"
+		if v, ok := m(MetricMaxWait); ok {
+			longest = FormatDuration(time.Duration(v))
+		}
+		ops := "n/a"
+		shareCell := fmt.Sprintf("%.0f%%", 100*share)
+		if r.Samples == 0 {
+			shareCell = "-"
+		}
+		if v, ok := m(MetricOpsPerSecond); ok && r.Samples == 0 {
+			ops = "- (" + FormatRate(v) + " ops/s)"
+		}
+		if v, ok := m(MetricOpsPerHandoff); ok {
+			ops = fmtRatio(v)
+			if out, ok := m(MetricOutPerHandoff); ok {
+				ops += " (" + fmtRatio(out) + " out)"
+			}
+		} else if !strings.HasPrefix(ops, "-") {
+			na = true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.System, r.Scenario, cell(MetricClients), cell(MetricProcesses),
+			FormatRate(r.Ops), FormatRate(sw), FormatDuration(r.P50Duration()), FormatDuration(r.P99Duration()), longest, shareCell, cell(MetricNeverHeld), cell(MetricFailed), ops)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "waits are in Lock; the longest counts waits still unanswered at the end; never held: clients that never got the lock;")
+	fmt.Fprintln(w, "failed calls: Locks and Releases that failed before the end (the clients waited on; see notes).")
+	fmt.Fprintln(w, "broker ops/hand-off: Redis commands executed on every master the system uses (INFO commandstats calls, commands run by")
+	fmt.Fprintln(w, "  scripts included); NATS messages the clients published (and, out, received), counted by their connections;")
+	fmt.Fprintln(w, "  without a hand-off, the operations per second.")
+	if na {
+		fmt.Fprintln(w, "  n/a: RabbitMQ (and in-process memlock) offer no counter of one system's operations: the shared broker has no")
+		fmt.Fprintln(w, "  management API here, and its per-connection counters cannot tell lockbench's connections from other users'.")
+	}
+	return nil
 }
 
 // writeMany writes the many scenario's renewal figures.

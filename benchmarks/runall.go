@@ -27,6 +27,12 @@ import (
 // of that figure.
 func RunAll(ctx context.Context, env Env, entries []Entry, scenarios []string, p Params, progress io.Writer) (*Report, error) {
 	rep := &Report{Machine: ThisMachine()}
+	scenarios = expandScenarios(scenarios, p)
+	if p.Spread != nil && p.Spread.Env.NATS == "" && p.Spread.Env.NATSCluster == "" && len(p.Spread.Env.Redis) == 0 && p.Spread.Env.AMQP == "" {
+		sp := *p.Spread
+		sp.Env = env
+		p.Spread = &sp
+	}
 	say := func(format string, args ...any) {
 		if progress != nil {
 			fmt.Fprintf(progress, format+"\n", args...)
@@ -87,6 +93,10 @@ func RunAll(ctx context.Context, env Env, entries []Entry, scenarios []string, p
 				default:
 					k := pair{e.Name, sc}
 					got[k] = append(got[k], res)
+					if res.note != "" {
+						rep.Notes = append(rep.Notes, Skipped{System: e.Name, Scenario: sc, Reason: res.note + roundNote(round, rounds)})
+						say("lockbench: %s × %s: %s", e.Name, sc, res.note)
+					}
 					say("[%s%3d/%d] %-19s %-11s  %7d samples  p50 %-8s p99 %-8s %9s ops/s  (%v)", tag, done, total, e.Name, sc,
 						res.Samples, FormatDuration(res.P50Duration()), FormatDuration(res.P99Duration()), FormatRate(res.Ops), took)
 				}
@@ -105,6 +115,22 @@ func RunAll(ctx context.Context, env Env, entries []Entry, scenarios []string, p
 	}
 	rep.addOverheads()
 	return rep, nil
+}
+
+// expandScenarios returns scenarios with the waiters scenario replaced
+// by one scenario per waiter count of p.
+func expandScenarios(scenarios []string, p Params) []string {
+	var out []string
+	for _, sc := range scenarios {
+		if sc != Waiters {
+			out = append(out, sc)
+			continue
+		}
+		for _, n := range p.withDefaults().Waiters {
+			out = append(out, WaitersScenario(n))
+		}
+	}
+	return out
 }
 
 // roundOrder is the order of the systems in round r of n: round r starts

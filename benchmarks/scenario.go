@@ -1,6 +1,7 @@
 package benchmarks
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,7 +9,6 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -24,7 +24,7 @@ const (
 
 // Scenarios returns the scenario names in report order.
 func Scenarios() []string {
-	return []string{Uncontended, Contended, Handoff, Semaphore, Many, MixedPriority, HungMinority}
+	return []string{Uncontended, Contended, Waiters, Handoff, Semaphore, Many, MixedPriority, HungMinority}
 }
 
 // Params sets how a scenario runs. The zero value of a field means its
@@ -59,6 +59,24 @@ type Params struct {
 	// the run instead of hanging it. The default is 30s.
 	Timeout time.Duration
 
+	// Waiters are the client counts of the waiters scenario: [RunAll]
+	// runs one scenario per count, named by [WaitersScenario]. The
+	// default is [DefaultWaiters].
+	Waiters []int
+
+	// AMQPConnections is the most connections a run may open to
+	// RabbitMQ, one per client: a waiters count above it is not
+	// applicable to the RabbitMQ systems. RabbitMQ refuses connections
+	// past its file-descriptor limit (832 sockets on a stock Debian
+	// install), and the broker is often shared. The default is
+	// [DefaultAMQPConnections].
+	AMQPConnections int
+
+	// Spread, when set, lets the waiters scenario run its clients in
+	// worker processes (see [Spread]); without it they all run in this
+	// process.
+	Spread *Spread
+
 	// Rounds is how many times [RunAll] runs everything, in a different
 	// order of the systems each round, keeping each pair's median round.
 	// The default is 1.
@@ -84,6 +102,12 @@ func (p Params) withDefaults() Params {
 	if p.Timeout <= 0 {
 		p.Timeout = 30 * time.Second
 	}
+	if p.AMQPConnections <= 0 {
+		p.AMQPConnections = DefaultAMQPConnections
+	}
+	if len(p.Waiters) == 0 {
+		p.Waiters = DefaultWaiters
+	}
 	return p
 }
 
@@ -104,11 +128,13 @@ type Result struct {
 	P99      int64   `json:"p99_ns"`
 	Ops      float64 `json:"ops_per_s"`
 
-	// Metrics holds scenario-specific figures. contended:
-	// "switches_per_s" (acquisitions by another client than the previous
-	// holder) and "top_client_share" (the busiest client's fraction of
-	// the acquisitions: 1/Workers is fair, 1 is one client starving the
-	// others). many: "bytes_per_lease" (heap growth of the whole process,
+	// Metrics holds scenario-specific figures. contended and waiters:
+	// [MetricSwitches] (acquisitions by another client than the previous
+	// holder), [MetricTopShare] (the busiest client's fraction of the
+	// acquisitions: 1/clients is fair, 1 is one client starving the
+	// others), [MetricMaxWait], [MetricNeverHeld], [MetricClients],
+	// [MetricProcesses], and where the brokers can be counted
+	// [MetricOpsPerHandoff] and [MetricOutPerHandoff]. many: "bytes_per_lease" (heap growth of the whole process,
 	// embedded brokers included), "round_trips_per_master_per_tick",
 	// "renew_errors", and for systems the scenario renews itself (peers)
 	// "renewed_per_lease_per_tick" (below 1: the renewal loop cannot keep
@@ -116,6 +142,11 @@ type Result struct {
 	// [RunAll]). It is not part of the results schema; reports list
 	// it separately.
 	Metrics map[string]float64 `json:"-"`
+
+	// note, when not empty, is something the run saw that its figures
+	// do not say (calls that failed, and the first error); [RunAll]
+	// keeps it in [Report.Notes].
+	note string
 }
 
 // Duration helpers for the percentiles.
@@ -147,16 +178,19 @@ func pct(sorted []time.Duration, p int) time.Duration {
 // the system, and ctx's error if ctx ends first.
 func Run(ctx context.Context, sys System, name, scenario string, p Params) (Result, error) {
 	p = p.withDefaults()
-	r := &runner{sys: sys, p: p, prefix: lockPrefix(scenario)}
+	base, waiters := splitScenario(scenario)
+	r := &runner{sys: sys, name: name, p: p, prefix: lockPrefix(base)}
 	var (
 		res Result
 		err error
 	)
-	switch scenario {
+	switch base {
 	case Uncontended:
 		res, err = r.uncontended(ctx)
 	case Contended:
 		res, err = r.contended(ctx)
+	case Waiters:
+		res, err = r.crowded(ctx, cmp.Or(waiters, p.Workers), true)
 	case Handoff:
 		res, err = r.handoff(ctx)
 	case Semaphore:
@@ -190,6 +224,7 @@ func lockPrefix(scenario string) string {
 
 type runner struct {
 	sys    System
+	name   string // the system's, in the registry
 	p      Params
 	prefix string
 }
@@ -301,90 +336,7 @@ func (r *runner) cycle(ctx context.Context, l Locker, name string) error {
 }
 
 func (r *runner) contended(ctx context.Context) (Result, error) {
-	cs, closeAll, err := r.clients(ctx, r.p.Workers)
-	if err != nil {
-		return Result{}, err
-	}
-	defer closeAll()
-	name := r.prefix
-	if err := r.cycle(ctx, cs[0], name); err != nil {
-		return Result{}, err
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if r.p.Duration > 0 {
-		// Waiters still blocked at the end are let go.
-		runCtx, cancel = context.WithTimeout(runCtx, r.p.Duration)
-		defer cancel()
-	}
-	var (
-		mu      sync.Mutex
-		samples []time.Duration
-		order   []int // which client held, in acquisition order
-		errs    []error
-		wg      sync.WaitGroup
-	)
-	over := func() bool {
-		dl, ok := runCtx.Deadline()
-		return runCtx.Err() != nil || (ok && !time.Now().Before(dl))
-	}
-	start := time.Now()
-	stop := r.stopper(start)
-	for id, c := range cs {
-		wg.Go(func() {
-			var mine []time.Duration
-			defer func() {
-				mu.Lock()
-				samples = append(samples, mine...)
-				mu.Unlock()
-			}()
-			for stop.next() {
-				t0 := time.Now()
-				h, err := r.lock(runCtx, c, name)
-				if err != nil {
-					// At the deadline a client may fail with its own
-					// i/o timeout a moment before ctx reports it.
-					if !over() || ctx.Err() != nil {
-						mu.Lock()
-						errs = append(errs, err)
-						mu.Unlock()
-						cancel()
-					}
-					return
-				}
-				mine = append(mine, time.Since(t0))
-				mu.Lock()
-				order = append(order, id)
-				mu.Unlock()
-				spin(r.p.Hold)
-				if err := r.release(ctx, h); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-					cancel()
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if err := errors.Join(errs...); err != nil {
-		return Result{}, err
-	}
-	res := newResult(samples, len(samples), elapsed)
-	switches, counts := 0, make([]int, len(cs))
-	for i, id := range order {
-		counts[id]++
-		if i > 0 && id != order[i-1] {
-			switches++
-		}
-	}
-	res.Metrics = map[string]float64{
-		"switches_per_s":   float64(switches) / elapsed.Seconds(),
-		"top_client_share": float64(slices.Max(counts)) / float64(max(len(order), 1)),
-	}
-	return res, nil
+	return r.crowded(ctx, r.p.Workers, false)
 }
 
 // spin holds the CPU-free critical section for d. time.Sleep would round

@@ -5,6 +5,7 @@ import (
 	"html"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,7 +26,9 @@ const (
 // WriteSVG writes the report as a standalone SVG chart: p50 latency per
 // system for each latency scenario, and contended hand-offs per second,
 // as horizontal bars on log scales, coloured by kind (backend, peer, floor);
-// and, when the many scenario ran, renewal round trips per master per tick.
+// when the many scenario ran, renewal round trips per master per tick; and
+// when the waiters scenario ran, hand-offs to another client per second
+// against the waiter count, one line per system, on log scales.
 func (rep *Report) WriteSVG(w io.Writer) error {
 	c := &svgChart{}
 	c.header(rep)
@@ -55,6 +58,7 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 		bars = append(bars, svgBar{r.System, kindOf(r.System), v, fmtRatio(v)})
 	}
 	c.panel("many: renewal round trips per master per tick, one process holding many leases (log, shorter is better)", bars, countTick)
+	c.waitersPanel(rep)
 	_, err := io.WriteString(w, c.document())
 	return err
 }
@@ -131,6 +135,101 @@ func (c *svgChart) panel(title string, bars []svgBar, unit func(float64) string)
 		fmt.Fprintf(&c.body, `<text x="%.1f" y="%d" class="value">%s</text>`+"\n", x1+4, c.y-3, esc(br.text))
 	}
 	c.y = bottom + 16
+}
+
+// seriesColors tell the lines of the waiters panel apart.
+var seriesColors = []string{"#2f6db5", "#e07b28", "#3a9a48", "#c8372d", "#8e5bb5", "#8c564b", "#d36bb4", "#7f7f7f", "#b5b32f", "#2fb5c4"}
+
+// waitersPanel draws hand-offs to another client per second against the
+// waiter count, one line per system, both axes log-scaled; it draws
+// nothing without waiters results.
+func (c *svgChart) waitersPanel(rep *Report) {
+	type point struct{ x, y float64 }
+	var (
+		names  []string
+		series = map[string][]point{}
+	)
+	xlo, xhi, ylo, yhi := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
+	for _, r := range rep.sorted() {
+		base, n := splitScenario(r.Scenario)
+		if base != Waiters || n == 0 {
+			continue
+		}
+		sw, ok := rep.Metric(r.System, r.Scenario, MetricSwitches)
+		if !ok || sw <= 0 {
+			continue
+		}
+		if series[r.System] == nil {
+			names = append(names, r.System)
+		}
+		series[r.System] = append(series[r.System], point{float64(n), sw})
+		xlo, xhi = math.Min(xlo, float64(n)), math.Max(xhi, float64(n))
+		ylo, yhi = math.Min(ylo, sw), math.Max(yhi, sw)
+	}
+	if len(names) == 0 {
+		return
+	}
+	// names follow the registry's order: sorted() goes by count, then system.
+	order := map[string]int{}
+	for i, e := range Systems() {
+		order[e.Name] = i
+	}
+	slices.SortStableFunc(names, func(a, b string) int { return order[a] - order[b] })
+	c.y += 34
+	fmt.Fprintf(&c.body, `<text x="10" y="%d" class="head">%s</text>`+"\n", c.y,
+		esc("waiters: hand-offs to another client per second against waiters (log–log, higher is better)"))
+	x0, x1 := math.Floor(math.Log10(xlo)), math.Ceil(math.Log10(xhi))
+	y0, y1 := math.Floor(math.Log10(ylo)), math.Ceil(math.Log10(yhi))
+	if x1 <= x0 {
+		x1 = x0 + 1
+	}
+	if y1 <= y0 {
+		y1 = y0 + 1
+	}
+	const plotX, plotW, plotH = 70, 620, 300
+	top := c.y + 16
+	bottom := top + plotH
+	xOf := func(v float64) float64 { return plotX + (math.Log10(v)-x0)/(x1-x0)*plotW }
+	yOf := func(v float64) float64 { return float64(bottom) - (math.Log10(v)-y0)/(y1-y0)*plotH }
+	for e := y0; e <= y1; e++ {
+		gy := yOf(math.Pow(10, e))
+		fmt.Fprintf(&c.body, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" class="grid"/>`+"\n", plotX, gy, plotX+plotW, gy)
+		fmt.Fprintf(&c.body, `<text x="%d" y="%.1f" class="tick" text-anchor="end">%s/s</text>`+"\n", plotX-4, gy+3, esc(countTick(math.Pow(10, e))))
+	}
+	var ticks []float64
+	for _, p := range series[names[0]] {
+		ticks = append(ticks, p.x)
+	}
+	for _, n := range names[1:] {
+		for _, p := range series[n] {
+			if !slices.Contains(ticks, p.x) {
+				ticks = append(ticks, p.x)
+			}
+		}
+	}
+	for _, t := range ticks {
+		gx := xOf(t)
+		fmt.Fprintf(&c.body, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" class="grid"/>`+"\n", gx, top, gx, bottom)
+		fmt.Fprintf(&c.body, `<text x="%.1f" y="%d" class="tick" text-anchor="middle">%s</text>`+"\n", gx, bottom+13, esc(countTick(t)))
+	}
+	fmt.Fprintf(&c.body, `<text x="%d" y="%d" class="small" text-anchor="middle">waiters (clients on one name, log scale)</text>`+"\n", plotX+plotW/2, bottom+28)
+	for i, n := range names {
+		color := seriesColors[i%len(seriesColors)]
+		dash := ""
+		if k := kindOf(n); k != Backend {
+			dash = ` stroke-dasharray="6,3"`
+		}
+		var pts []string
+		for _, p := range series[n] {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", xOf(p.x), yOf(p.y)))
+			fmt.Fprintf(&c.body, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", xOf(p.x), yOf(p.y), color)
+		}
+		fmt.Fprintf(&c.body, `<polyline points="%s" fill="none" stroke="%s" stroke-width="2"%s/>`+"\n", strings.Join(pts, " "), color, dash)
+		ly := top + 10 + i*18
+		fmt.Fprintf(&c.body, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`+"\n", plotX+plotW+20, ly-4, plotX+plotW+44, ly-4, color, dash)
+		fmt.Fprintf(&c.body, `<text x="%d" y="%d" class="label">%s (%s)</text>`+"\n", plotX+plotW+50, ly, esc(n), kindOf(n))
+	}
+	c.y = max(bottom+36, top+len(names)*18+10)
 }
 
 // document returns the whole SVG document.

@@ -113,6 +113,11 @@ type Env struct {
 	// TTL is the lease TTL of the systems with TTLs; leases are renewed
 	// every TTL/3. The default is [DefaultTTL].
 	TTL time.Duration
+
+	// Join, when not empty, builds the system in a worker process of the
+	// waiters scenario: on what the parent's system made (a bucket, named
+	// by Join), making and deleting nothing. The parent sets it.
+	Join string
 }
 
 // ErrUnavailable reports that a system cannot be built: its broker is

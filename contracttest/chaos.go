@@ -31,6 +31,17 @@ type ChaosConfig struct {
 	// late replies) and, unless the fault says otherwise, a broker fault
 	// (the largest CrashRecovery of the run's clients).
 	MaxOutage time.Duration
+	// Guard, when set, routes the run's resource writes through a
+	// fencing guard as well (a [GuardedStore] it makes once for the run,
+	// on one key per name), for backends with fencing tokens: every write
+	// of a holder, and also the writes a holder makes after its lease has
+	// ended (it did not look in time) and the one a crashed holder had in
+	// flight, which lands once a later holder has written. The check then
+	// counts the stale writes that landed (a write the guard took after
+	// it had taken one with a greater token: each is a violation) beside
+	// the ones it refused, and checks that each name's data at the end
+	// was written with the greatest token the guard took.
+	Guard NewGuardedStore
 }
 
 // ChaosDurationEnv names the environment variable that overrides
@@ -214,7 +225,16 @@ type ChaosSummary struct {
 	// Linearizability is porcupine's verdict on the fencing tokens
 	// (Ok, Illegal, or Unknown when it timed out); empty without fencing.
 	Linearizability porcupine.CheckResult
-	Violations      []string
+	// GuardedWrites, GuardRefused and GuardErrors count the writes
+	// through [ChaosConfig.Guard] it took, refused as stale, and that
+	// failed otherwise (during a fault); LateWrites counts those made
+	// with a lease that had ended or by a crashed holder. StaleLanded
+	// counts the writes it took with a token below one it had taken
+	// before: stale writes that landed, each a violation. All zero
+	// without a Guard.
+	GuardedWrites, GuardRefused, GuardErrors, LateWrites int
+	StaleLanded                                          int
+	Violations                                           []string
 }
 
 func (s ChaosSummary) String() string {
@@ -222,9 +242,14 @@ func (s ChaosSummary) String() string {
 	if lin == "" {
 		lin = "n/a (no fencing tokens)"
 	}
-	return fmt.Sprintf("seed %d (%s=%d reproduces it): %d clients, %d acquisitions; faults: %s; failed Locks: %s; fenced rejections %d; leases ended while held %d, before entry %d; %d crashed holders replaced, worst after %v; tokens linearizable: %s; violations %d",
+	guard := ""
+	if s.GuardedWrites+s.GuardRefused+s.GuardErrors > 0 {
+		guard = fmt.Sprintf("; through the guard: %d writes taken, %d refused as stale, %d failed, %d late, stale writes landed %d",
+			s.GuardedWrites, s.GuardRefused, s.GuardErrors, s.LateWrites, s.StaleLanded)
+	}
+	return fmt.Sprintf("seed %d (%s=%d reproduces it): %d clients, %d acquisitions; faults: %s; failed Locks: %s; fenced rejections %d; leases ended while held %d, before entry %d; %d crashed holders replaced, worst after %v; tokens linearizable: %s%s; violations %d",
 		s.Seed, ChaosSeedEnv, s.Seed, len(s.Clients), s.Acquisitions, counts(s.Faults), counts(s.LockErrors), s.FencedRejections, s.LeasesEnded, s.EndedBeforeEntry, s.Recoveries,
-		s.WorstRecovery.Round(time.Millisecond), lin, len(s.Violations))
+		s.WorstRecovery.Round(time.Millisecond), lin, guard, len(s.Violations))
 }
 
 // counts formats m as "a 1, b 2", sorted.
@@ -256,6 +281,10 @@ func counts(m map[string]int) string {
 //     porcupine, and a Lock that began after another returned never gets
 //     a token no greater than its), and every write goes through a
 //     [FencedResource];
+//   - with a [ChaosConfig.Guard], no stale write lands through the guard
+//     (also the late writes of holders whose lease ended, and of crashed
+//     holders), and each name's data ends with the greatest token the
+//     guard took;
 //   - every name held by a crashed client is held again within the
 //     crashed client's CrashRecovery bound (as the conformance suite
 //     allows it), plus the outages of faults overlapping the wait;

@@ -87,6 +87,9 @@ func (r *chaosRun) check() ChaosSummary {
 			violation("%s: held again %v after its holder %s crashed at %v (allowed %v with the faults then)", c.name, took.Round(time.Millisecond), c.who, c.at, limit.Round(time.Millisecond))
 		}
 	}
+	if r.guard != nil {
+		r.checkGuarded(&s, violation)
+	}
 	if r.caps.Fencing {
 		var history []porcupine.Operation
 		for _, name := range r.names {
@@ -223,11 +226,16 @@ func (r *chaosRun) close() {
 	r.cancel()
 	start := time.Now()
 	for _, c := range r.all {
-		if err := c.c.Close(); err != nil && !errors.Is(err, context.Canceled) {
+		if err := closeClient(c.c); err != nil && !errors.Is(err, context.Canceled) {
 			r.t.Logf("closing %s: %v", c.id, err)
 		}
 	}
 	r.slow("closing the clients", start)
+	if r.guard != nil {
+		if err := r.guard.Close(); err != nil {
+			r.t.Errorf("closing the guarded store: %v", err)
+		}
+	}
 	start = time.Now()
 	if err := r.h.Close(); err != nil {
 		r.t.Errorf("closing the harness: %v", err)

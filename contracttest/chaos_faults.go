@@ -154,7 +154,7 @@ func (r *chaosRun) stop(cl *chaosClient, crashed bool) (held bool) {
 		}
 		cl.kill()
 		cl.cancel()
-		if err := cl.c.Close(); err != nil {
+		if err := closeClient(cl.c); err != nil {
 			r.t.Logf("closing %s: %v", cl.id, err)
 		}
 		return false

@@ -59,6 +59,13 @@ type chaosRun struct {
 	ended       int // sections cut short by their lease ending
 	empty       int // sections whose lease had ended when they began
 	fences      map[string]*FencedResource
+	guard       GuardedStore // ChaosConfig.Guard's store, nil without
+	guardSeq    int
+	guardOps    map[string][]guardWrite
+	guardNewest map[string]uint64 // the greatest token the guard took, by name
+	guardFinal  map[string]string // each name's data at the end
+	guardStats  struct{ accepted, refused, errs, late int }
+	lateWG      sync.WaitGroup // crashed holders' writes in flight
 	nextID      int
 	maxRecovery time.Duration // the largest crash bound of any client
 }
@@ -156,6 +163,21 @@ func newChaosRun(t *testing.T, nh NewHarness, cfg ChaosConfig) *chaosRun {
 		start:       time.Now(),
 		maxRecovery: caps.CrashRecovery,
 	}
+	if cfg.Guard != nil {
+		if !caps.Fencing {
+			_ = h.Close()
+			cancel()
+			t.Fatalf("RunChaos: a Guard needs a backend with fencing tokens")
+		}
+		g, err := cfg.Guard(ctx, t)
+		if err != nil {
+			_ = h.Close()
+			cancel()
+			t.Fatalf("making the guarded store: %v", err)
+		}
+		r.guard = g
+		r.guardOps, r.guardNewest, r.guardFinal = map[string][]guardWrite{}, map[string]uint64{}, map[string]string{}
+	}
 	r.ch, _ = h.(ChaosHarness)
 	if bf, ok := h.(BrokerFaulter); ok {
 		r.brk = bf.BrokerFaults()
@@ -212,7 +234,7 @@ func (r *chaosRun) newClient() (*chaosClient, error) {
 		recovery: cmp.Or(cc.CrashRecovery, r.caps.CrashRecovery), link: cc.Link, held: map[string]func(){},
 	}
 	if cl.l == nil {
-		_ = cc.Close()
+		_ = closeClient(cc)
 		return cl, nil
 	}
 	cl.ctx, cl.cancel = context.WithCancel(r.ctx)
@@ -284,7 +306,11 @@ func (r *chaosRun) run() {
 	close(stop)
 	over := time.Now()
 	wg.Wait()
+	r.lateWG.Wait()
 	r.slow("the workers' last sections and Locks", over)
+	if r.guard != nil {
+		r.readGuarded()
+	}
 	for {
 		select {
 		case f := <-r.fired: // fired as the run ended

@@ -198,20 +198,32 @@ func TestChaosCatchesBrokenBackends(t *testing.T) {
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newChaosRun(t, tc.nh, ChaosConfig{Duration: time.Second, FaultEvery: 100 * time.Millisecond, Names: 2})
-			r.run()
-			s := r.check()
-			r.close()
-			for _, v := range s.Violations {
-				if containsAll(v, tc.want) {
-					t.Logf("caught: %.300s", v)
-					return
+			// A one-second run under load may draw no fault that shows
+			// the defect (no crash of a holder with a waiter behind it):
+			// each run draws anew, and one of a few must catch it.
+			var violations []string
+			for run := 1; run <= catchRuns; run++ {
+				r := newChaosRun(t, tc.nh, ChaosConfig{Duration: time.Second, FaultEvery: 100 * time.Millisecond, Names: 2})
+				r.run()
+				s := r.check()
+				r.close()
+				for _, v := range s.Violations {
+					if containsAll(v, tc.want) {
+						t.Logf("caught in run %d of at most %d: %.300s", run, catchRuns, v)
+						return
+					}
 				}
+				violations = s.Violations
 			}
-			t.Errorf("no violation mentioning %q; got %q", tc.want, s.Violations)
+			t.Errorf("no violation mentioning %q in %d runs; the last run's: %q", tc.want, catchRuns, violations)
 		})
 	}
 }
+
+// catchRuns is how many chaos runs of a broken backend
+// TestChaosCatchesBrokenBackends allows to catch its defect: one run
+// alone missed a crash recovery slower than stated on a machine at load 15.
+const catchRuns = 3
 
 func containsAll(s string, subs []string) bool {
 	for _, sub := range subs {

@@ -70,7 +70,7 @@ func (r *chaosRun) lockFailed(slot int, cl *chaosClient, err error) {
 		cl.mu.Unlock()
 		if first {
 			cl.cancel()
-			_ = cl.c.Close()
+			_ = closeClient(cl.c)
 			r.setSlot(slot, nil)
 			r.broken <- slot // one at a time per slot: never blocks
 		}
@@ -154,6 +154,9 @@ func (r *chaosRun) hold(cl *chaosClient, name string, lease locks.Lease, call, r
 		exit()
 	}
 	if cl.isDead() {
+		if r.guard != nil && ok {
+			r.lateWrite(cl, name, lease, stop)
+		}
 		return // a crashed process releases nothing
 	}
 	r.reach(cl, stepRelease, stop)
@@ -255,20 +258,26 @@ func (o *openSection) endBy(at time.Duration) {
 	}
 }
 
-// write writes through name's fence while cl is alive and its lease live.
+// write writes through name's fence while cl is alive and its lease
+// live, and through the run's guard, if any, while cl is alive.
 func (r *chaosRun) write(cl *chaosClient, name string, lease locks.Lease) {
 	if !r.caps.Fencing {
 		return
 	}
 	cl.mu.Lock()
-	defer cl.mu.Unlock()
-	if cl.dead || lease.Context().Err() != nil {
-		return
+	dead, live := cl.dead, lease.Context().Err() == nil
+	if !dead && live {
+		if err := r.fences[name].Write(cl.id, lease.Token()); err != nil {
+			r.mu.Lock()
+			r.rejected++
+			r.mu.Unlock()
+		}
 	}
-	if err := r.fences[name].Write(cl.id, lease.Token()); err != nil {
-		r.mu.Lock()
-		r.rejected++
-		r.mu.Unlock()
+	cl.mu.Unlock()
+	if r.guard != nil && !dead {
+		// Through the guard, also after the lease ended: a holder that
+		// did not look in time writes all the same.
+		r.guardWriteThrough(cl, name, lease, !live)
 	}
 }
 

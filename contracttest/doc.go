@@ -11,6 +11,14 @@
 // ([Revoker], [PriorityHarness], [OptionChecker]) and fields of
 // [Capabilities]; tests of missing features are skipped, saying why.
 //
+// The fencing checks prove the resource side of fencing tokens: a guard
+// (such as module fence's) refuses a cut-off holder's late write after its
+// successor wrote. The suite takes the guarded resource as an interface
+// ([GuardedStore]), handed to [RunFencingTests] or by a [GuardHarness] to
+// the conformance test FencedWrites, so that it depends on no guard or
+// database driver; [MustCatchStale] shows the checks fail on a broken
+// guard.
+//
 // The suite should not produce false positives (a correct backend fails
 // nothing), may produce false negatives (a race may go unseen in one run),
 // and is meant to run under -race. Its own tests run it against memlock and

@@ -26,8 +26,17 @@ type Link interface {
 	Restore()     // undo the faults
 }
 
-// faultyClient makes a client behind a Link, or skips the test.
+// newFaultyClientLocker makes a client behind a Link and returns its
+// Locker, or skips the test.
 func (e *env) newFaultyClientLocker() (locks.Locker, Link) {
+	e.t.Helper()
+	c, link := e.newFaultyClient()
+	return c.Locker(), link
+}
+
+// newFaultyClient makes a client with a Locker behind a Link, or skips
+// the test.
+func (e *env) newFaultyClient() (Client, Link) {
 	e.t.Helper()
 	fh, ok := e.h.(FaultHarness)
 	if !ok {
@@ -44,7 +53,73 @@ func (e *env) newFaultyClientLocker() (locks.Locker, Link) {
 	if c.Locker() == nil {
 		e.t.Skip("the backend has no Locker")
 	}
-	return c.Locker(), link
+	return c, link
+}
+
+// testCloseHungBroker: a client whose broker stops answering (its link
+// open and silent) closes within Capabilities().CloseBound, plus slack
+// measured on a healthy client and while Close runs, though its ctx never
+// ends; and its lease has ended when Close returns. The broker hangs
+// either while the client holds a lease, or before its first lock: what
+// that lock starts (a connection's handshake, a subscription) must not
+// hold Close past the bound either.
+func testCloseHungBroker(t testing.TB, nh NewHarness) {
+	e := newEnv(t, nh)
+	defer e.close()
+	if e.caps.CloseBound <= 0 {
+		t.Skip("the backend states no CloseBound")
+	}
+	c, link := e.newFaultyClient()
+	held := e.mustTryLock(c.Locker(), e.name())
+	probe := e.newClientLocker()
+	b := MeasureBound(t, e.caps.CloseBound, func() error {
+		ctx, cancel := e.opCtx()
+		defer cancel()
+		l, err := probe.TryLock(ctx, e.name())
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	})
+	link.BlackHole()
+	defer link.Restore()
+	e.closeWithin(b, c, "Close with the broker not answering")
+	if held.Context().Err() == nil {
+		t.Error("Close returned while its client's lease was still live")
+	}
+
+	c, link = e.newFaultyClient()
+	link.BlackHole()
+	defer link.Restore()
+	ctx, cancel := context.WithTimeout(e.ctx, e.caps.CloseBound)
+	lease, err := c.Locker().TryLock(ctx, e.name())
+	cancel()
+	e.closeWithin(b, c, "Close with the broker hung before the first lock")
+	if err == nil && lease.Context().Err() == nil {
+		t.Error("Close returned while the lease its client got from a hung broker was still live")
+	}
+}
+
+// closeWithin closes c with a context that never ends, and fails the test
+// when that takes longer than b.
+func (e *env) closeWithin(b Bound, c Client, what string) {
+	e.t.Helper()
+	done := make(chan error, 1)
+	start := time.Now()
+	stopWatch := b.Watch()
+	go func() { done <- c.Close(context.Background()) }()
+	select {
+	case err := <-done:
+		took := time.Since(start)
+		stopWatch()
+		b.Check(e.t, what, took)
+		if err != nil {
+			e.t.Logf("%s: %v", what, err)
+		}
+	case <-time.After(b.Limit() + opTimeout):
+		stopWatch()
+		e.t.Fatalf("%s had not returned after %v; bound %v", what, time.Since(start), b)
+	}
 }
 
 // partitionRecovery bounds how long a name held by a client that went

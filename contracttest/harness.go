@@ -46,8 +46,11 @@ type Client interface {
 	// error; the suite does not call it unless Capabilities().Semaphore.
 	Semaphore(ctx context.Context, size int) (locks.Semaphore, error)
 
-	// Close releases what the client holds and closes its connection.
-	Close() error
+	// Close releases what the client holds and closes its connection,
+	// bounded by ctx as the backend's own Close is: the suite checks that
+	// a Close whose ctx never ends returns within
+	// Capabilities().CloseBound while the broker does not answer.
+	Close(ctx context.Context) error
 }
 
 // Capabilities describes a backend to the suite.
@@ -84,6 +87,12 @@ type Capabilities struct {
 	// LossDetection bounds how long a lease takes to end after it was taken
 	// away at the broker (Kill, or Revoke where the harness is a Revoker).
 	LossDetection time.Duration
+
+	// CloseBound bounds how long a client's Close takes, with a ctx that
+	// never ends, while its broker does not answer (its link open and
+	// silent): the backend's documented bound, such as a call timeout.
+	// Zero skips the check.
+	CloseBound time.Duration
 
 	// InvalidNames are names the broker cannot take, beyond the empty name
 	// (which every backend rejects). Each must give [locks.ErrInvalidName].

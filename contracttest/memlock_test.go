@@ -32,11 +32,11 @@ func (c *memClient) Locker() locks.Locker { return c.locker }
 func (c *memClient) Semaphore(_ context.Context, size int) (locks.Semaphore, error) {
 	return c.semaphore(size)
 }
-func (c *memClient) Close() error {
+func (c *memClient) Close(ctx context.Context) error {
 	if c.close != nil {
 		return c.close()
 	}
-	return c.c.Close(context.Background())
+	return c.c.Close(ctx)
 }
 
 func newMemHarness(ctx context.Context, t testing.TB) (Harness, error) {

@@ -126,7 +126,7 @@ func testClosed(t testing.TB, nh NewHarness) {
 	other := e.newClientLocker()
 	busy := e.mustTryLock(other, busyName)
 
-	if err := c.Close(); err != nil {
+	if err := closeClient(c); err != nil {
 		t.Errorf("Close: %v", err)
 	}
 	type call struct {
@@ -192,7 +192,7 @@ func testCloseEndsLeases(t testing.TB, nh NewHarness) {
 	}
 
 	start := time.Now()
-	if err := c.Close(); err != nil {
+	if err := closeClient(c); err != nil {
 		t.Errorf("Close: %v", err)
 	}
 	for _, h := range leases {

@@ -38,6 +38,7 @@ type conformanceTest struct {
 var conformanceTests = []conformanceTest{
 	{"MutualExclusion", testMutualExclusion},
 	{"Fencing", testFencing},
+	{"FencedWrites", testFencedWrites},
 	{"TryLockHeld", testTryLockHeld},
 	{"LockWaitsForRelease", testLockWaitsForRelease},
 	{"DistinctNames", testDistinctNames},
@@ -60,10 +61,20 @@ var conformanceTests = []conformanceTest{
 	{"SemaphoreCancellation", testSemaphoreCancellation},
 	{"Closed", testClosed},
 	{"CloseEndsLeases", testCloseEndsLeases},
+	{"CloseHungBroker", testCloseHungBroker},
 	{"InvalidNames", testInvalidNames},
 	{"RandomNames", testRandomNames},
+	{"HugeName", testHugeName},
 	{"InvalidOptions", testInvalidOptions},
+	{"NilContext", testNilContext},
 	{"NoLeaks", testNoLeaks},
+}
+
+// closeClient closes c within opTimeout.
+func closeClient(c Client) error {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	return c.Close(ctx)
 }
 
 // opTimeout bounds every single call the suite makes that should not block:
@@ -108,7 +119,7 @@ func (e *env) close() {
 	clients := e.clients
 	e.mu.Unlock()
 	for _, c := range clients {
-		if err := c.Close(); err != nil {
+		if err := closeClient(c); err != nil {
 			e.t.Logf("closing a client: %v", err)
 		}
 	}

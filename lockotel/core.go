@@ -204,6 +204,9 @@ func (c *core) traces(ctx context.Context) bool {
 // acquire runs one acquiring call of op on name, under a span if ctx is
 // traced, and wraps the lease it returns.
 func (c *core) acquire(ctx context.Context, op int, name string, call func(context.Context, string) (locks.Lease, error)) (locks.Lease, error) {
+	if err := driver.CheckContext(ctx, "lockotel", opNames[op], name); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	callCtx, span, fl := ctx, trace.Span(nil), (*flight)(nil)
 	if c.traces(ctx) {

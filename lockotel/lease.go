@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/locks/driver"
 )
 
 // lease is a wrapped lease: it traces Release and records the lease's
@@ -97,6 +98,9 @@ func (l *lease) Unwrap() locks.Lease { return l.inner }
 // Release releases the wrapped lease, under a span if ctx is traced; see
 // [locks.Lease.Release].
 func (l *lease) Release(ctx context.Context) error {
+	if err := driver.CheckContext(ctx, "lockotel", "release", l.inner.Name()); err != nil {
+		return err
+	}
 	c := l.c
 	start := time.Now()
 	name := l.inner.Name()

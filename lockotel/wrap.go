@@ -22,11 +22,13 @@ var (
 	_ driver.Observable = (*Locker)(nil)
 )
 
-// WrapLocker returns a Locker that passes every call to l, which must not
-// be nil, and records it: a span per call made inside a trace (per call,
-// with [WithRootSpans]), the metrics of the package doc, and, if l
-// implements [driver.Observable] (and no [WithoutEvents] is given), the
-// backend's events until [Locker.StopEvents].
+// WrapLocker returns a Locker that passes every call to l and records it:
+// a span per call made inside a trace (per call, with [WithRootSpans]),
+// the metrics of the package doc, and, if l implements
+// [driver.Observable] (and no [WithoutEvents] is given), the backend's
+// events until [Locker.StopEvents]. A nil l is an error, not a panic:
+// every Lock and TryLock of the Locker returned then returns an error
+// matching [locks.ErrInvalidOption] that says so.
 func WrapLocker(l locks.Locker, opts ...Option) *Locker {
 	return &Locker{inner: l, c: newCore(l, "lock", opts)}
 }
@@ -34,12 +36,18 @@ func WrapLocker(l locks.Locker, opts ...Option) *Locker {
 // Lock calls the wrapped Lock under a span "latchkey.lock" if ctx
 // is traced; see [locks.Locker.Lock].
 func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
+	if l.inner == nil {
+		return nil, nilArg(opLock, name, "WrapLocker was given a nil Locker")
+	}
 	return l.c.acquire(ctx, opLock, name, l.inner.Lock)
 }
 
 // TryLock calls the wrapped TryLock under a span "latchkey.trylock" if
 // ctx is traced; see [locks.Locker.TryLock].
 func (l *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
+	if l.inner == nil {
+		return nil, nilArg(opTryLock, name, "WrapLocker was given a nil Locker")
+	}
 	return l.c.acquire(ctx, opTryLock, name, l.inner.TryLock)
 }
 
@@ -85,8 +93,10 @@ var (
 	_ driver.Observable = (*Semaphore)(nil)
 )
 
-// WrapSemaphore returns a Semaphore that passes every call to s, which
-// must not be nil, and records it as [WrapLocker] does.
+// WrapSemaphore returns a Semaphore that passes every call to s and
+// records it as [WrapLocker] does. A nil s is an error, not a panic: every
+// Acquire and TryAcquire of the Semaphore returned then returns an error
+// matching [locks.ErrInvalidOption] that says so.
 func WrapSemaphore(s locks.Semaphore, opts ...Option) *Semaphore {
 	return &Semaphore{inner: s, c: newCore(s, "semaphore", opts)}
 }
@@ -94,12 +104,18 @@ func WrapSemaphore(s locks.Semaphore, opts ...Option) *Semaphore {
 // Acquire calls the wrapped Acquire under a span "latchkey.acquire" if
 // ctx is traced; see [locks.Semaphore.Acquire].
 func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, error) {
+	if s.inner == nil {
+		return nil, nilArg(opAcquire, name, "WrapSemaphore was given a nil Semaphore")
+	}
 	return s.c.acquire(ctx, opAcquire, name, s.inner.Acquire)
 }
 
 // TryAcquire calls the wrapped TryAcquire under a span
 // "latchkey.tryacquire" if ctx is traced; see [locks.Semaphore.TryAcquire].
 func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, error) {
+	if s.inner == nil {
+		return nil, nilArg(opTryAcquire, name, "WrapSemaphore was given a nil Semaphore")
+	}
 	return s.c.acquire(ctx, opTryAcquire, name, s.inner.TryAcquire)
 }
 
@@ -124,4 +140,11 @@ func observe(inner any, fn func(driver.Event)) (stop func()) {
 		return obs.Observe(fn)
 	}
 	return func() {}
+}
+
+// nilArg returns the error of the operation op on name given a nil
+// argument, matching [locks.ErrInvalidOption]: what returns errors here
+// never panics on nil.
+func nilArg(op int, name, msg string) error {
+	return driver.Errorf("lockotel", opNames[op], name, driver.InvalidOption("%s", msg))
 }

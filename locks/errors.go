@@ -49,7 +49,7 @@ type HeldError struct {
 	// (a token, a host name); it is empty otherwise.
 	Holder string
 	// RetryAfter, when positive, is how long the name is known to stay
-	// held (for example the holder's remaining TTL). [Wait] sleeps no
+	// held (for example the holder's remaining TTL). driver.Wait (in locks/driver) sleeps no
 	// longer than this before trying again.
 	RetryAfter time.Duration
 	// Err is the backend's own cause, if any.

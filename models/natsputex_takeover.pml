@@ -71,7 +71,7 @@
  * (Run's context ends, natslock gets SIGTERM, a Lock's context is
  * cancelled) blanks the key; the next agent finds it free and starts at
  * once, while the cut-off holder's Stop, which counts on margin + C*R,
- * still runs: P1 fails (TestAttack2ConfirmerGivesUp). The fixed rule: a
+ * still runs: P1 fails (TestConfirmerThatGivesUpLeavesItsLastWrite). The fixed rule: a
  * hold whose confirmations did not finish is never blanked; the key keeps
  * its last write, so the next agent waits T without a write (here: finds
  * its own token and confirms, which starts no sooner) and confirms. Only
@@ -84,7 +84,7 @@
  * servers where it is not); clock rate differences; Run's shutdown by an
  * active agent (it blanks after Stop returned, as abort does); the timing
  * carried in the key's value (one R, F and C here: the carried maximum is
- * tested by TestAttack2MixedChainConfirmerDies); duplicate tokens; pauses longer than the documented bound (the docs say
+ * tested by TestConfirmerCrashKeepsCutOffHoldersBound); duplicate tokens; pauses longer than the documented bound (the docs say
  * fencing tokens are then what protects); the time writes take when they
  * succeed (they land at once, the adversarial case for the waiter). The
  * time horizon is HMAX ticks: runs end there, so pan runs with -E (no

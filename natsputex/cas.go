@@ -24,11 +24,20 @@ type record struct {
 	holder string    // the token in the key, "" when free
 	exists bool      // false when the key is missing or deleted
 	at     time.Time // when the last write was stored, by the stream leader's clock
+	// reserved: the key was left free for the head of its queue (see
+	// queue.go): free, but a Lock that is not the head waits its turn.
+	reserved bool
 }
 
-// free reports whether the key may be written at once: missing, deleted or
-// blank.
+// free reports whether the key may be written at once: missing, deleted,
+// blank or reserved.
 func (r record) free() bool { return r.holder == "" }
+
+// reservedValue is what a holder that was the head of the key's queue
+// writes when it releases the key while others may be waiting: the key
+// is free, but a Lock that is not the head of the queue goes to its back
+// (see queue.go). No token can be this value: tokens are printable.
+const reservedValue = "\x00queue"
 
 // store runs the protocol's reads and writes on one bucket.
 type store struct {
@@ -36,6 +45,7 @@ type store struct {
 	kv     jetstream.KeyValue
 	nc     *nats.Conn
 	get    string // the stream's message-get API subject
+	api    string // the JetStream API prefix, "$JS.API."
 	prefix string // the subject prefix of the bucket's keys
 }
 
@@ -53,6 +63,7 @@ func newStore(js jetstream.JetStream, kv jetstream.KeyValue) store {
 		kv:     kv,
 		nc:     js.Conn(),
 		get:    api + "STREAM.MSG.GET.KV_" + kv.Bucket(),
+		api:    api,
 		prefix: "$KV." + kv.Bucket() + ".",
 	}
 }
@@ -110,6 +121,9 @@ func decodeRecord(key string, data []byte) (record, error) {
 		return record{}, fmt.Errorf("reading key %q: a message without a sequence", key)
 	}
 	r := record{rev: resp.Message.Seq, holder: string(resp.Message.Data), exists: true, at: resp.Message.Time}
+	if r.holder == reservedValue {
+		r.holder, r.reserved = "", true
+	}
 	if len(resp.Message.Hdrs) > 0 {
 		h, err := decodeHeaders(resp.Message.Hdrs)
 		if err != nil {
@@ -193,30 +207,32 @@ func (s store) renew(ctx context.Context, key, token string, rev uint64) (uint64
 	return retryBusy(ctx, func() (uint64, error) { return s.kv.Update(ctx, key, []byte(token), rev) })
 }
 
-// clear blanks the key if it still holds token: first at rev (the holder's
+// clear blanks the key (writes blank, empty or [reservedValue]) if it
+// still holds token: first at rev (the holder's
 // last write), then, if another write intervened (a renewal whose answer
 // was lost), at the revision of a fresh read when that read still shows
-// token. It returns the blank's revision, or 0 when the key was no longer
-// the holder's: a stale clear never frees a successor.
-func (s store) clear(ctx context.Context, key, token string, rev uint64) (uint64, error) {
+// token. It returns the blank's revision and the one it was written
+// over, or 0s when the key was no longer the holder's: a stale clear
+// never frees a successor.
+func (s store) clear(ctx context.Context, key, token string, rev uint64, blank []byte) (nrev, over uint64, err error) {
 	for range 3 {
-		nrev, _, err := retryBusy(ctx, func() (uint64, error) { return s.kv.Update(ctx, key, nil, rev) })
+		nrev, _, err := retryBusy(ctx, func() (uint64, error) { return s.kv.Update(ctx, key, blank, rev) })
 		if err == nil {
-			return nrev, nil
+			return nrev, rev, nil
 		}
 		if !isConflict(err) {
-			return 0, err
+			return 0, 0, err
 		}
 		r, err := s.read(ctx, key)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if r.holder != token {
-			return 0, nil
+			return 0, 0, nil
 		}
 		rev = r.rev
 	}
-	return 0, fmt.Errorf("key %q keeps changing under its holder", key)
+	return 0, 0, fmt.Errorf("key %q keeps changing under its holder", key)
 }
 
 // isConflict reports whether err is JetStream refusing a write because the
@@ -271,9 +287,25 @@ func resend[T any](ctx context.Context, req func() (T, error)) (T, time.Time, er
 		sent := time.Now()
 		v, err := req()
 		if !errors.Is(err, nats.ErrReconnectBufExceeded) || driver.Sleep(ctx, unsentPause) != nil {
-			return v, sent, err
+			return v, sent, natsOnce(err)
 		}
 	}
+}
+
+// natsError is an error of nats.go whose text says "nats: " once where
+// nats.go says it twice (it wraps a JetStream API error, "nats: API
+// error ...", in "nats: %w"); it unwraps to the error itself.
+type natsError struct{ err error }
+
+func (e natsError) Error() string { return strings.ReplaceAll(e.err.Error(), "nats: nats: ", "nats: ") }
+func (e natsError) Unwrap() error { return e.err }
+
+// natsOnce returns err, as a natsError if its text doubles "nats: ".
+func natsOnce(err error) error {
+	if err == nil || !strings.Contains(err.Error(), "nats: nats: ") {
+		return err
+	}
+	return natsError{err}
 }
 
 // unsentPause is how long a request that nats.go refused to send while it
@@ -298,6 +330,9 @@ type silence struct {
 	// T after (see rebornHold).
 	reborn time.Time
 	held   timing // the longest T and C·R holders' values read by this call carried
+	// told is a revision above rev at which the key's releasing holder
+	// said it left the key free (see clocks.seeFreed); 0 if none.
+	told uint64
 }
 
 // see records that rev, stored at at by the server's clock (zero when
@@ -421,20 +456,41 @@ func (c *clocks) seeBlank(i int, rev uint64, at time.Time) {
 }
 
 // takeBlank returns the revision at which key i was last seen left blank,
-// if no other write has been seen since and the key is not held as
-// reborn (see rebornHold, for T), and forgets it: one attempt may write
-// over that blank without reading the key first.
+// if no other write has been seen since, or the one a release was told
+// at ([clocks.seeFreed]), if the key is not held as reborn (see
+// rebornHold, for T), and forgets it: one attempt may write over that
+// blank without reading the key first.
 func (c *clocks) takeBlank(i int, T time.Duration) (uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.s[i].blank {
+	s := &c.s[i]
+	rev, ok := s.rev, s.blank
+	if s.told > s.rev {
+		rev, ok = s.told, true
+	}
+	s.blank, s.told = false, 0
+	if !ok || s.rebornHold(T, time.Now()) {
 		return 0, false
 	}
-	c.s[i].blank = false
-	if c.s[i].rebornHold(T, time.Now()) {
-		return 0, false
+	return rev, true
+}
+
+// seeFreed records that key i was left free by the write at rev, as
+// the head of the key's queue was told by the holder that made it (see
+// [Client.tellFreed]), if rev is above every revision this call has seen:
+// the next attempt writes over it without reading the key first
+// ([clocks.takeBlank]). The takeover clock is left alone: the attempt
+// that does not win reads the key, which restarts it. It reports
+// whether it took rev.
+func (c *clocks) seeFreed(i int, rev uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := &c.s[i]
+	if rev <= s.rev || rev <= s.told {
+		return false
 	}
-	return c.s[i].rev, true
+	s.told = rev
+	return true
 }
 
 // last returns the last revision seen on key i and how long ago it was

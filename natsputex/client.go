@@ -59,6 +59,7 @@ type Client struct {
 	mu     sync.Mutex
 	leases map[*driver.Lease]*lease // the live leases of the Locker and the Semaphores
 	blank  map[string]uint64        // keys this client left blank, at revision
+	queues map[string]bool          // the queue consumers this client made or found (see queue.go)
 }
 
 // backend names natsputex in errors and events.
@@ -86,6 +87,9 @@ const backend = "natsputex"
 // cluster must run the same release. A single-replica bucket works on NATS
 // 2.9 and later.
 func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Option) (*Client, error) {
+	if err := driver.CheckContext(ctx, backend, "new", bucket); err != nil {
+		return nil, err
+	}
 	o, err := newOptions(opts)
 	if err != nil {
 		return nil, driver.Errorf(backend, "new", bucket, err)
@@ -95,7 +99,7 @@ func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Opt
 		o.holderID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	if err := buckets.Check(bucket); err != nil {
-		return nil, driver.Errorf(backend, "new", bucket, err)
+		return nil, driver.Errorf(backend, "new", "", err) // err names the bucket
 	}
 	if js == nil {
 		return nil, driver.Errorf(backend, "new", bucket, driver.InvalidOption("nil JetStream"))
@@ -110,6 +114,7 @@ func New(ctx context.Context, js jetstream.JetStream, bucket string, opts ...Opt
 		o:      o,
 		leases: make(map[*driver.Lease]*lease),
 		blank:  make(map[string]uint64),
+		queues: make(map[string]bool),
 	}
 	c.reg, err = driver.NewRegistry(driver.Config{Backend: backend, RenewEvery: o.renewEvery(), Renew: c.renewLeases})
 	if err != nil {
@@ -234,7 +239,7 @@ func CheckSupervisor(bucket, key, token string, opts ...Option) error {
 		return driver.Errorf(backend, "new", bucket, err)
 	}
 	if err := buckets.Check(bucket); err != nil {
-		return driver.Errorf(backend, "new", bucket, err)
+		return driver.Errorf(backend, "new", "", err) // err names the bucket
 	}
 	_, err := (&Client{}).Supervisor(key, token, Service{})
 	return err
@@ -255,20 +260,30 @@ func (c *Client) TTL() time.Duration { return c.o.ttl() }
 // Close ends every lease of the client with a cause matching
 // [locks.ErrLost] and [locks.ErrClosed], then blanks their keys (in
 // parallel, each conditional on its lease's last write), makes waiting
-// calls and running Supervisors return, and makes later calls fail with
-// an error matching [locks.ErrClosed]. It does not close the NATS
-// connection. Every wait is bounded by ctx: when ctx ends first, Close
-// returns an error matching ctx.Err() and the rest finishes in the
-// background. Close is idempotent (later calls return nil at once) and
-// safe for concurrent use; it returns the errors of the blanks that
-// failed, if any. A running Supervisor's hold is one of those leases:
-// Close runs its [Service.Stop] and blanks its key only once Stop has
-// returned (not at all when Stop fails, which Close returns; and not when
-// a standby took the key over while a long Stop ran: see the package
-// doc), and Run returns an error matching [locks.ErrClosed]. Close does not wait for
-// Run itself, nor for a Stop of an agent that did not hold the key.
+// calls and running Supervisors return, waits for those calls (a Lock at
+// the head of a key's queue hands its turn on before Close returns, so
+// closing the connection next costs the other waiters nothing), and makes
+// later calls fail with an error matching [locks.ErrClosed]. It does not
+// close the NATS connection. Every wait is bounded by ctx: when ctx ends
+// first, Close returns an error matching ctx.Err() and the rest finishes
+// in the background. Close is idempotent (later calls return nil at once)
+// and safe for concurrent use; it returns the errors of the blanks that
+// failed, if any. A server that does not answer holds Close at most
+// max(T, 1s), the bound of one request: the blanks and the calls' last
+// requests run in parallel.
+//
+// A running Supervisor's hold is one of those leases: Close runs its
+// [Service.Stop] and blanks its key only once Stop has returned (not at
+// all when Stop fails, which Close returns; and not when a standby took
+// the key over while a long Stop ran: see docs/protocols/natsputex.md),
+// and Run returns an error matching [locks.ErrClosed]. Close does not
+// wait for Run itself, nor for a Stop of an agent that did not hold the
+// key.
 func (c *Client) Close(ctx context.Context) error {
-	return driver.Errorf("natsputex", "close", "", c.reg.Close(ctx, nil))
+	if err := driver.CheckContext(ctx, backend, "close", ""); err != nil {
+		return err
+	}
+	return driver.Errorf(backend, "close", "", c.reg.Close(ctx, nil))
 }
 
 // knownBlank returns the revision at which this client left key blank, if

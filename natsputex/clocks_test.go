@@ -38,7 +38,7 @@ func TestClocksBlank(t *testing.T) {
 }
 
 // TestClocksReborn: any change of revision restarts the clock, a lower
-// one too (TestAttackTimingLostWithMemoryBucket); a key that vanishes, or
+// one too (TestLostMemoryBucketKeepsHolderT); a key that vanishes, or
 // whose revision goes back to a write made later (a bucket made again),
 // is held as reborn for T, and its blank is not handed out meanwhile.
 func TestClocksReborn(t *testing.T) {

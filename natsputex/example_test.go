@@ -12,58 +12,60 @@ import (
 	"github.com/latchkey-go/latchkey/natsputex"
 )
 
-// A lock on a key of the bucket "locks", on the local NATS server.
-func Example() {
-	nc, err := nats.Connect(nats.DefaultURL)
+// The package's quick start: a lock on a key of the bucket "locks", on
+// the local NATS server.
+func ExampleNew() {
+	ctx := context.Background()
+	nc, err := nats.Connect(nats.DefaultURL, natsputex.ConnectOptions()...)
 	if err != nil {
-		log.Print(err) // no local NATS server
-		return
+		log.Fatal(err)
 	}
 	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	ctx := context.Background()
-	client, err := natsputex.New(ctx, js, "locks", natsputex.WithRenewInterval(500*time.Millisecond))
+	js, err := jetstream.New(nc)
 	if err != nil {
-		log.Print(err)
-		return
+		log.Fatal(err)
 	}
-	defer client.Close(ctx)
-
-	lease, err := client.Locker().Lock(ctx, "nightly-report")
+	client, err := natsputex.New(ctx, js, "locks") // makes the bucket if missing
 	if err != nil {
-		log.Print(err)
-		return
+		log.Fatal(err)
+	}
+	defer client.Close(ctx) // ends and releases every lease of the client
+
+	lease, err := client.Locker().Lock(ctx, "nightly-report") // waits its turn
+	if err != nil {
+		log.Fatal(err) // holds nothing; matches ctx.Err() when ctx ended
 	}
 	defer lease.Release(ctx)
-	// Work under lease.Context(): it ends if the lock is lost. Pass
-	// lease.Token() to the storage the report writes to.
-	if err := writeReport(lease.Context(), lease.Token()); err != nil {
+	// lease.Context() ends if the lock is lost; the token fences stale writers.
+	if err := doWork(lease.Context(), lease.Token()); err != nil {
 		log.Print(err)
 	}
+	// Output: working, fenced: true
 }
 
-// writeReport stands for work done under a lease: it stops when ctx ends
-// and hands token to the storage it writes to.
-func writeReport(ctx context.Context, token uint64) error {
+// doWork stands for your own work under a lease: it stops when ctx ends
+// and passes token to the storage it writes to.
+func doWork(ctx context.Context, token uint64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	fmt.Println("holding nightly-report, token > 0:", token > 0)
+	fmt.Println("working, fenced:", token > 0)
 	return nil
 }
 
 // Leader election: of all the agents running this, at most one runs the
 // service at a time.
 func ExampleClient_Supervisor() {
-	nc, err := nats.Connect(nats.DefaultURL)
+	nc, err := nats.Connect(nats.DefaultURL, natsputex.ConnectOptions()...)
 	if err != nil {
 		log.Print(err)
 		return
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	// Stop after a second: a real agent runs until SIGTERM.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	// A real agent runs until SIGTERM; this one stops once its service
+	// has started.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	client, err := natsputex.New(ctx, js, "locks",
 		natsputex.WithRenewInterval(100*time.Millisecond), // R
@@ -76,12 +78,23 @@ func ExampleClient_Supervisor() {
 	}
 	defer client.Close(context.Background())
 	sup, err := client.Supervisor(fmt.Sprintf("example-service-%d", time.Now().UnixNano()), "this-host", natsputex.Service{
-		Start: func(context.Context, uint64) error { fmt.Println("start the service"); return nil },
-		Stop:  func(context.Context) error { return nil },
+		Start: func(_ context.Context, token uint64) error {
+			fmt.Println("start the service, fenced:", token > 0)
+			cancel()
+			return nil
+		},
+		Stop: func(context.Context) error { fmt.Println("stop the service"); return nil },
 	})
 	if err != nil {
 		log.Print(err)
 		return
 	}
 	_ = sup.Run(ctx) // returns when ctx ends, the service stopped and the key blanked
+	// Run stops the service first, in case it ran before this agent
+	// held the key.
+
+	// Output:
+	// stop the service
+	// start the service, fenced: true
+	// stop the service
 }

@@ -20,6 +20,14 @@ type lease struct {
 	key   string
 	token string      // what the lease writes: a Locker's token, or a Supervisor's value
 	agent *Supervisor // the Supervisor holding the key; nil for a Locker's lease
+	// queued: the lease was won by the head of the key's queue, so others
+	// may be waiting; its release leaves the key reserved for the next
+	// head (see queue.go) rather than blank.
+	queued bool
+	// knocks tells whether the head of the key's queue said it waits
+	// (see [Client.listenForKnocks]); the release then leaves the key
+	// reserved too. nil for a lease that listens for none.
+	knocks *knocks
 
 	mu        sync.Mutex
 	rev       uint64   // revision of the last successful write
@@ -53,7 +61,7 @@ func (h handle) Deadline() time.Time { return h.l.Deadline() }
 // A Supervisor's lease is returned as the *lease itself, a Locker's as
 // its handle.
 func (c *Client) hold(ctx context.Context, a attempt, won, rev uint64, start time.Time) (locks.Lease, error) {
-	l := &lease{c: c, key: a.key, token: a.token, agent: a.agent, rev: rev}
+	l := &lease{c: c, key: a.key, token: a.token, agent: a.agent, rev: rev, queued: a.queued}
 	dl, err := c.reg.NewLease(ctx, driver.Spec{
 		Name:     a.name,
 		Token:    won,
@@ -70,7 +78,11 @@ func (c *Client) hold(ctx context.Context, a attempt, won, rev uint64, start tim
 	l.Lease = dl
 	if !l.Live() { // the write took longer than the validity
 		_ = l.Release(context.WithoutCancel(ctx))
-		return nil, &locks.HeldError{Name: a.name, Err: errors.New("natsputex: the winning write took longer than the lease's validity")}
+		return nil, &locks.HeldError{Name: a.name, Err: errors.New("the winning write took longer than the lease's validity")}
+	}
+	if a.knocks != nil {
+		l.knocks = a.knocks
+		a.knocks.adopt(dl.Context())
 	}
 	c.mu.Lock()
 	c.leases[dl] = l
@@ -179,25 +191,39 @@ func (l *lease) renew(ctx context.Context) driver.Renewal {
 		if isConflict(err) {
 			why = "the key was written by someone else"
 		}
-		return driver.Renewal{Err: driver.Lost(fmt.Errorf("%q: %s (key %q, revision %d): %w", l.Name(), why, l.key, l.rev, err))}
+		at := fmt.Sprintf("revision %d", l.rev)
+		if l.key != l.Name() { // a semaphore's slot
+			at = fmt.Sprintf("key %q, %s", l.key, at)
+		}
+		return driver.Renewal{Err: driver.Lost(fmt.Errorf("%q: %s (%s): %w", l.Name(), why, at, err))}
 	}
 	l.rev = rev
 	return driver.Renewal{Until: c.o.validUntil(start)}
 }
 
-// release blanks the key if it is still this lease's. A Supervisor's
-// lease stops the service first (see [lease.releaseAgent]).
+// release blanks the key if it is still this lease's; a lease won by the
+// head of the key's queue leaves it reserved for the next head instead
+// (see queue.go). A Supervisor's lease stops the service first (see
+// [lease.releaseAgent]).
 func (l *lease) release(ctx context.Context) error {
 	if l.agent != nil {
 		return l.releaseAgent(ctx)
 	}
 	ctx, cancel := l.c.opContext(ctx)
 	defer cancel()
-	nrev, err := l.c.st.clear(ctx, l.key, l.token, l.lastRev())
+	var blank []byte
+	queued := l.queued || l.knocks != nil && l.knocks.knocked.Load()
+	if queued {
+		blank = []byte(reservedValue)
+	}
+	nrev, over, err := l.c.st.clear(ctx, l.key, l.token, l.lastRev(), blank)
 	if err != nil {
 		return fmt.Errorf("blank %q: %w", l.key, err)
 	}
 	if nrev > 0 {
+		l.c.tellFreed(l.key, over, nrev)
+	}
+	if nrev > 0 && !queued {
 		l.c.rememberBlank(l.key, nrev)
 	}
 	return nil
@@ -208,7 +234,8 @@ func (l *lease) release(ctx context.Context) error {
 func (c *Client) abandon(key, token string, rev uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.o.ttl())
 	defer cancel()
-	if nrev, err := c.st.clear(ctx, key, token, rev); err == nil && nrev > 0 {
+	if nrev, over, err := c.st.clear(ctx, key, token, rev, nil); err == nil && nrev > 0 {
+		c.tellFreed(key, over, nrev)
 		c.rememberBlank(key, nrev)
 	}
 }

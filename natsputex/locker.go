@@ -30,45 +30,39 @@ var (
 func (c *Client) Locker() *Locker { return &Locker{c} }
 
 // Lock blocks until it holds the key name, and returns the lease; see
-// [locks.Locker.Lock]. A free key (missing or blank) is taken at once; a
-// key held by another token is taken over only after it has gone T = F·R
-// without any write, and then handed over after C more renewal intervals.
-// The silence is counted from the key's last write as the server's clock
-// stamped it, against the server's time when this call first reads the
-// key (see the package doc), and from then on by this call's own clock;
-// so a key silent for T already is taken over at once. The wait is woken
-// by a KV watch on the key.
+// [locks.Locker.Lock]. A free key (missing or blank) is taken at once. A
+// key held by another token is taken over once it has gone T = F·R
+// without a write, counted from the write's time by the server's clock (a
+// key silent for T already is taken at once), and handed over after C
+// more renewal intervals of confirmation. Locks waiting for one name
+// queue, first come, first served.
 //
 // On failure Lock returns an error and holds nothing; when ctx ends first,
-// the error matches ctx.Err(). A takeover given up before its C intervals
-// of confirmation are done (ctx ended, a write failed) leaves its last
-// write in the key rather than blanking it: the holder it displaced may
-// still be using its lease, so the next caller waits T without a write and
-// confirms (the value written while confirming carries the longer T and
-// C·R of this client's and the displaced holder's: see the package doc). A
-// write that would take the key is not interrupted when ctx ends (it could
-// land all the same, and leave the key held by no one for T): Lock then
-// returns once it is answered, at most max(T, 1s) later, with the lease if
-// the write won the key. An invalid key name gives an error matching
-// [locks.ErrInvalidName] before any I/O.
+// the error matches ctx.Err(). A write that would take the key is not
+// interrupted when ctx ends: Lock then returns once it is answered, at
+// most max(T, 1s) later, with the lease if the write won the key. A
+// takeover given up before its confirmation leaves its last write in the
+// key, so the next caller waits T. An invalid key name gives an error
+// matching [locks.ErrInvalidName] before any I/O.
 func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	if err := keys.Check(name); err != nil {
-		return nil, driver.Errorf(backend, "lock", name, err)
+		return nil, driver.Errorf(backend, "lock", "", err)
 	}
 	return l.c.acquire(ctx, "lock", name, []string{name}, true)
 }
 
 // TryLock takes the key name if it is free (missing or blank), or if its
 // holder has not written it for T = F·R by the server's clock (a crashed
-// holder's key: see the package doc), and returns an error matching
-// [locks.ErrNotAcquired] at once otherwise: a [*locks.HeldError] naming
-// the holder's token. Taking a silent key over, TryLock confirms it like
-// Lock does, so it returns after C renewal intervals. A TryLock made T or
+// holder's key), and returns an error matching [locks.ErrNotAcquired] at
+// once otherwise, wrapping a [*locks.HeldError] (see [errors.As]) that
+// names the holder's token. Taking
+// a silent key over, TryLock confirms it like Lock does, so it returns
+// after C renewal intervals. A TryLock made T or
 // more after a crashed holder's last write takes the key: within T + R +
 // C·R of the crash (the holder wrote at most R before it).
 func (l *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
 	if err := keys.Check(name); err != nil {
-		return nil, driver.Errorf(backend, "trylock", name, err)
+		return nil, driver.Errorf(backend, "trylock", "", err)
 	}
 	return l.c.acquire(ctx, "trylock", name, []string{name}, false)
 }
@@ -136,7 +130,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, e
 // slots returns the slot keys of name, name.1 … name.N.
 func (s *Semaphore) slots(op, name string) ([]string, error) {
 	if err := keys.Check(name); err != nil {
-		return nil, driver.Errorf(backend, op, name, err)
+		return nil, driver.Errorf(backend, op, "", err)
 	}
 	if len(name) > keyMaxLen-12 {
 		return nil, driver.Errorf(backend, op, name, fmt.Errorf("%w: too long for slot keys", locks.ErrInvalidName))
@@ -151,17 +145,29 @@ func (s *Semaphore) slots(op, name string) ([]string, error) {
 // acquire takes one of ks (a lock's key, or a semaphore's slot keys) for
 // name, waiting if wait is set. op names the call in errors.
 func (c *Client) acquire(ctx context.Context, op, name string, ks []string, wait bool) (locks.Lease, error) {
+	if err := driver.CheckContext(ctx, backend, op, name); err != nil {
+		return nil, err
+	}
 	if c.reg.Closed() {
 		return nil, c.reg.ErrClosed(op, name)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, driver.Errorf(backend, op, name, err)
 	}
-	bctx, stop := c.reg.Bind(ctx)
+	bctx, stop := c.reg.Call(ctx) // Close waits for it: a head hands its turn on first
 	defer stop()
 	cl := newClocks(len(ks))
+	turn := unqueued
+	if op == "lock" {
+		turn = outside
+	}
+	var kn *knocks
+	if op == "lock" || op == "trylock" {
+		kn = c.listenForKnocks(ks[0])
+		defer kn.drop()
+	}
 	try := func(ctx context.Context) (locks.Lease, error) {
-		lease, err := c.tryKeys(ctx, op, name, ks, cl)
+		lease, err := c.tryKeys(ctx, op, name, ks, cl, turn, kn)
 		if err != nil && wait && ctx.Err() == nil && transient(err) {
 			// A broker between leaders: keep waiting, as for a held key.
 			return nil, &locks.HeldError{Name: name, RetryAfter: c.o.renew, Err: err}
@@ -169,6 +175,25 @@ func (c *Client) acquire(ctx context.Context, op, name string, ks []string, wait
 		return lease, err
 	}
 	lease, err := try(bctx)
+	if err != nil {
+		// Only a lease won at once, outside the queue, listens for the
+		// head's knocks: one won later is the head's, and leaves the key
+		// reserved anyway. A waiter listening would be a herd of knocks.
+		kn.drop()
+		kn = nil
+	}
+	if err != nil && wait && errors.Is(err, locks.ErrNotAcquired) && turn == outside {
+		// A Lock waits its turn in the key's queue, then as its head.
+		var queued bool
+		seeFreed := func(rev uint64) { cl.seeFreed(0, rev) }
+		lease, err, queued = c.waitTurn(bctx, op, name, ks[0], seeFreed, func(ctx context.Context) (locks.Lease, error) {
+			turn = head
+			return try(ctx)
+		})
+		if !queued {
+			turn = unqueued // no queue (a server refusing it): every waiter watches
+		}
+	}
 	if err != nil && wait && errors.Is(err, locks.ErrNotAcquired) {
 		var w *watch
 		if w, err = c.watch(bctx, op, name, ks, cl); err == nil {
@@ -188,6 +213,12 @@ func (c *Client) acquire(ctx context.Context, op, name string, ks []string, wait
 		}
 	case c.reg.Closed():
 		err = c.reg.ErrClosed(op, name)
+	default:
+		if _, held := err.(*locks.HeldError); held {
+			// A name held elsewhere: the one shape of errors too,
+			// "natsputex: trylock: locks: not acquired: "x" is held by …".
+			err = driver.Errorf(backend, op, name, err)
+		}
 	}
 	return nil, err
 }
@@ -195,7 +226,10 @@ func (c *Client) acquire(ctx context.Context, op, name string, ks []string, wait
 // tryKeys makes one attempt on each of ks, in an order starting at a
 // random key, and returns the first lease won. When none is, it returns a
 // HeldError with the soonest moment a takeover may become possible.
-func (c *Client) tryKeys(ctx context.Context, op, name string, ks []string, cl *clocks) (locks.Lease, error) {
+//
+// turn says where the call stands in the key's queue (see queue.go).
+// kn is the call's subscription to knocks, if any.
+func (c *Client) tryKeys(ctx context.Context, op, name string, ks []string, cl *clocks, turn place, kn *knocks) (locks.Lease, error) {
 	first := 0
 	if len(ks) > 1 {
 		first = rand.IntN(len(ks))
@@ -208,7 +242,8 @@ func (c *Client) tryKeys(ctx context.Context, op, name string, ks []string, cl *
 		if op == "acquire" || op == "tryacquire" {
 			slot = i + 1 // a semaphore's, from 1
 		}
-		lease, err := c.tryKey(ctx, attempt{op: op, name: name, key: ks[i], i: i, slot: slot, token: c.newToken()}, cl, clock)
+		lease, err := c.tryKey(ctx, attempt{op: op, name: name, key: ks[i], i: i, slot: slot, token: c.newToken(),
+			yield: turn == outside, queued: turn == head, knocks: kn}, cl, clock)
 		if err == nil {
 			return lease, nil
 		}

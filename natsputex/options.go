@@ -123,7 +123,7 @@ type Option func(*options) error
 // WithRenewInterval sets R, the lock renewal interval: how often a holder
 // runs its health check and rewrites its token to assert it is alive (more
 // often when T minus the safety margin is under 2·R, as with F = 1: see
-// the package doc). F·R and C·R must fit in a [time.Duration]. The
+// [WithSafetyMargin]). F·R and C·R must fit in a [time.Duration]. The
 // default is 1s.
 func WithRenewInterval(d time.Duration) Option {
 	return func(o *options) error {
@@ -136,7 +136,7 @@ func WithRenewInterval(d time.Duration) Option {
 // write to a key after which a waiter may take the key over: T = F·R is
 // the lock timeout. It is also the longest a health check may take. F
 // must be at least 1; with F = 1 a holder renews every (T − margin)/2
-// rather than every R (see the package doc). The default is 3.
+// rather than every R (see [WithSafetyMargin]). The default is 3.
 func WithFailureThreshold(f int) Option {
 	return func(o *options) error {
 		o.failures = f

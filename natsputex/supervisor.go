@@ -110,81 +110,25 @@ type Service struct {
 	Observe func(Event)
 }
 
-// Supervisor runs putex's pump on one key: an agent among several, each
-// with its own token, of which at most one runs the service at a time.
-// Make it with [Client.Supervisor]; it uses the client's R, F, C, safety
-// margin and health check.
+// Supervisor runs putex's pump on one key: of several agents on the key,
+// each with its own token, at most one runs its [Service] at a time. Make
+// it with [Client.Supervisor]; it uses the client's R, F, C, safety margin
+// and health check, and its hold is one of the client's leases, renewed
+// with them and ended by [Client.Close].
 //
-// It is built on the Locker's lease: each stroke without the key is one
-// attempt of a Lock, with putex's parts added (the agent's fixed value,
-// its own token found in the key, a health check every stroke, the
-// hold-off after a failed Start). Once it holds the key, the hold is a
-// lease of the client: the client's renewal rounds renew it with its
-// other leases (one health check per round for all of them, told
-// [Active]), and it ends like theirs, with a failed renewal or check, or
-// at its deadline; the agent starts the service, and when the hold ends
-// it stops the service before it blanks the key. That release is also
-// what [Client.Close] runs.
-//
-// Each pump stroke lasts at least R (or the shorter renewal period of the
-// package doc, when T minus the safety margin is under 2·R), unless the
-// key is freed meanwhile. An agent that holds the key rewrites its
-// token at the revision of its own last write (and reads the key when
-// that write finds it taken, to say who took it), every interval, after
-// its health check passes (told [Active]); the renewals go on while
-// [Service.Start] runs. An agent that finds the key free
-// (missing or blank) runs its health check (told [Active]), writes its
-// token at the revision it read, and starts the service at once. An
-// agent that finds another token stops its service, runs its health
-// check (told [Standby]) every stroke and waits until the key has gone
-// T = F·R without any write (counted as a Lock counts it: from the
-// write's time by the server's clock when it first reads it, then by its
-// own: see the package doc), checks its health again (told [Standby]),
-// then writes its token at the revision it read (so only one waiter can
-// win). After
-// such a takeover the agent confirms: it starts the service only once C
-// intervals (C·R) have passed since its first write of the hold was
-// answered as a success, every write since having succeeded too. An
-// agent that does not hold the key may find its own token in it: its own
-// last write (its hold ran out, or Stop or the blank failed, and no one
-// wrote since), or a write whose answer was lost (the write landed, or
-// nats.go sent it again after a reconnect). It then writes at the
-// revision it read and confirms for C intervals as after a takeover.
-// Otherwise its own token at a revision it did not write is another
-// agent's, given the same token by mistake, or an earlier run's: it waits
-// for T without a write, as for any other token, and says so; an agent
-// holding the key that finds its token written by someone else stops its
-// service and says so.
-//
-// A failed write or health check, or another write in the key, stops the
-// service at once; after a failed health check or Start, once Stop has
-// returned, the key is blanked (one attempt, at the agent's last
-// revision), unless the agent's confirmations were not done: a confirmer
-// that gives up, for any reason, never blanks the key. An active agent
-// that has not renewed for T minus the safety margin begins to stop its
-// service by itself, before any other agent may take over (the package doc
-// says how long Stop may then take).
-//
-// The connection the client uses must reconnect for as long as the agent
-// runs: nats.go gives up after 60 attempts by default, and waits 2s
-// between attempts, during which an active agent cannot renew. Connect
-// with [ConnectOptions] (natslock does), and keep the reconnect wait well
-// under R.
-//
-// Agents on a key should use the same R, F and C (natslock's -r, -f and
-// -c), but a rolling change of them is safe: an agent writes its T and
-// C·R in the key's value, after its token and a newline, and a standby
-// waits for the longer of its own T and the holder's, and confirms for
-// the longer C·R, saying so when the holder's is longer. A [Locker]'s
-// token carries its T. A value that carries no timing (written by hand,
-// or by an older version, which advertised its timing in a key of its
-// own) counts as the standby's own timing, and a holder that finds its
-// key taken sooner than its own T after its last write says so.
-//
-// A key that vanishes, or whose revision goes back (the bucket deleted
-// and made again), while the agent runs is taken only after T of
-// silence and C·R of confirmation, as a dead holder's: the package doc
-// says what remains.
+// An agent that finds the key free (missing or blank) takes it and starts
+// the service at once. One that finds another token stops its service and
+// waits until the key has gone T = F·R without a write, takes it over, and
+// starts the service only after C·R of its own writes have succeeded. A
+// failed write or health check, another token in the key, or a hold not
+// renewed for T minus the safety margin stops the service at once; the
+// key is blanked only once [Service.Stop] has returned, and never by an
+// agent that was still confirming a takeover. Agents on one key must have
+// distinct tokens; their R, F and C may differ (a rolling change): a
+// standby waits and confirms for the longer of its own and the holder's.
+// The connection must reconnect for as long as the agent runs: make it
+// with [ConnectOptions]. The pump stroke by stroke is in the repository's
+// docs/protocols/natsputex.md.
 //
 // A Supervisor's methods are safe for concurrent use; Run runs once at a
 // time.
@@ -223,10 +167,13 @@ type Supervisor struct {
 // [Supervisor.Run].
 func (c *Client) Supervisor(key, token string, svc Service) (*Supervisor, error) {
 	if err := keys.Check(key); err != nil {
-		return nil, driver.Errorf(backend, "supervisor", key, err)
+		return nil, driver.Errorf(backend, "supervisor", "", err) // err names the key
 	}
 	if err := (driver.NameRule{What: "token", MaxLen: 1024, Char: printable}).Check(token); err != nil {
-		return nil, driver.Errorf(backend, "supervisor", key, driver.InvalidOption("%v", err))
+		// A bad option, not a bad name: "token must not be empty, got """.
+		shown := driver.ShownName(token)
+		why := strings.TrimPrefix(err.Error(), fmt.Sprintf("%v %s: ", locks.ErrInvalidName, shown))
+		return nil, driver.Errorf(backend, "supervisor", key, driver.InvalidOption("%s, got %s", why, shown))
 	}
 	return &Supervisor{c: c, key: key, token: token, value: valueOf(token, c.o.timing()), svc: svc}, nil
 }
@@ -249,6 +196,9 @@ func (s *Supervisor) Phase() Phase {
 // not blanked, and the error also matches [ErrStopFailed]: the service may
 // still run. Calling Run while it runs returns an error at once.
 func (s *Supervisor) Run(ctx context.Context) error {
+	if err := driver.CheckContext(ctx, backend, "supervisor", s.key); err != nil {
+		return err
+	}
 	if !s.running.CompareAndSwap(false, true) {
 		return driver.Errorf(backend, "supervisor", s.key, errors.New("already running"))
 	}

@@ -87,6 +87,15 @@ type attempt struct {
 	slot          int         // the lease's slot: 0 for a lock, i+1 for a semaphore
 	token         string      // what the lease writes once it holds the key: a Locker's token, or a Supervisor's value
 	agent         *Supervisor // the Supervisor making the attempt; nil for a Locker's
+	// yield: a reserved key (see queue.go) counts as held, so that a Lock
+	// that is not the head of the key's queue joins it.
+	yield bool
+	// queued: the attempt is the head of the key's queue; its lease
+	// leaves the key reserved on release.
+	queued bool
+	// knocks is the call's subscription to knocks on the key, which the
+	// lease it wins adopts; nil if none.
+	knocks *knocks
 }
 
 // confirmValue returns what the attempt writes while it confirms a
@@ -149,6 +158,12 @@ func (c *Client) tryKey(ctx context.Context, a attempt, cl *clocks, clock *serve
 	// revision go back (the bucket made again) less than T ago: a holder
 	// of the key's past may still hold it, so it is taken as a held key,
 	// after T of silence.
+	if r.reserved && a.yield {
+		return nil, a.held(queueHolder, 0, nil)
+	}
+	if r.reserved {
+		a.queued = true // others may wait: leave it reserved again
+	}
 	if r.free() && !cl.rebornHold(a.i, c.o.ttl()) {
 		return c.takeFree(ctx, a, r)
 	}
@@ -162,12 +177,15 @@ func (c *Client) tryKey(ctx context.Context, a attempt, cl *clocks, clock *serve
 		}
 	}
 	T := max(c.o.ttl(), ht.ttl)
-	if quiet < T && !r.at.IsZero() && !cl.measured(a.i, r.rev) {
+	if quiet < T && !r.at.IsZero() && !a.yield && !cl.measured(a.i, r.rev) {
 		// The first sight of this write by this call (every TryLock's):
 		// ask the server how long ago it was stored, by its own clock,
 		// so that a key silent for T already is taken over now, not
 		// after this call has watched it for T. If the server cannot
-		// tell, this call's own clock counts alone.
+		// tell, this call's own clock counts alone. A Lock's first
+		// attempt does not ask: a held key sends it to the key's
+		// queue, whose head asks when it first reads the write (this
+		// call itself, if it finds no queue ahead of it).
 		octx, cancel := c.opContext(ctx)
 		now, err := clock.now(octx)
 		cancel()

@@ -77,12 +77,13 @@ func (c *Client) watch(ctx context.Context, op, name string, ks []string, cl *cl
 			if !ok {
 				continue
 			}
-			if e.Operation() == jetstream.KeyValuePut && len(e.Value()) == 0 {
+			free := len(e.Value()) == 0 || string(e.Value()) == reservedValue
+			if e.Operation() == jetstream.KeyValuePut && free {
 				cl.seeBlank(i, e.Revision(), e.Created())
 			} else {
 				cl.see(i, e.Revision(), e.Created())
 			}
-			if e.Operation() != jetstream.KeyValuePut || len(e.Value()) == 0 {
+			if e.Operation() != jetstream.KeyValuePut || free {
 				wake()
 			}
 		}

@@ -21,6 +21,7 @@ type attempt struct {
 	keys  []string     // the fence key, then the slot keys in slot order
 	start time.Time    // taken before the calls: the validity counts from it
 	late  *lateAnswers // nil when the call runs inline: nothing comes late
+	q     *queued      // a Locker's: its place in the name's queue
 
 	answers []answer
 	grants  []grant   // the masters that granted a slot, whichever
@@ -58,8 +59,15 @@ func (c *Client) acquire(ctx context.Context, t target, floor *uint64) (locks.Le
 	if a.late != nil {
 		defer a.late.decide(0) // a failed attempt, unless decided otherwise
 	}
+	admitted, err := c.admit(ctx, t.name)
+	if err != nil {
+		return a.fail(ctx, err)
+	}
 	a.send(ctx, *floor)
+	admitted()
 	a.sortAnswers(floor)
+	c.refusedBy(a.q, a.held)
+	c.grantedBy(a.q, a.grants)
 	if err := c.dupErr(); err != nil {
 		return a.fail(ctx, err)
 	}
@@ -81,12 +89,19 @@ func (c *Client) newAttempt(t target) (*attempt, error) {
 	for s := 1; s <= t.size; s++ {
 		keys = append(keys, c.key(t.name, s))
 	}
+	if t.q != nil {
+		q, qt, _ := c.queueKeys(t.name)
+		keys = append(keys, q, qt)
+	}
 	cl := &claim{
 		c: c, name: t.name, size: t.size, semaphore: t.semaphore,
 		id:         c.holderID(),
 		fence:      keys[0],
 		ackable:    make(chan struct{}),
 		holderDone: make(chan struct{}),
+	}
+	if t.q != nil && t.q.member != "-" {
+		cl.waiter = t.q.member
 	}
 	c.mu.Lock()
 	if c.closing {
@@ -95,7 +110,7 @@ func (c *Client) newAttempt(t target) (*attempt, error) {
 	}
 	c.claims[cl.id] = cl
 	c.mu.Unlock()
-	a := &attempt{c: c, cl: cl, keys: keys}
+	a := &attempt{c: c, cl: cl, keys: keys, q: t.q}
 	if !c.inline() {
 		a.late = &lateAnswers{c: c, cl: cl}
 	}
@@ -119,7 +134,11 @@ func (a *attempt) send(ctx context.Context, floor uint64) {
 	}
 	ttlMS := c.o.ttl.Milliseconds()
 	a.start = time.Now()
-	f := callPolicy{name: cl.name}
+	var member string
+	if a.q != nil {
+		member = a.q.member
+	}
+	f := callPolicy{order: acquireOrder(cl, member)}
 	if a.late != nil {
 		f.calls, f.allDone = context.WithDeadline(context.WithoutCancel(ctx), a.start.Add(c.callTO))
 		f.late = a.late.add
@@ -128,11 +147,15 @@ func (a *attempt) send(ctx context.Context, floor uint64) {
 			f.decides = c.grantDecided
 		} // else wait for all (but stragglers): masters may pick different slots
 	}
+	args := []any{cl.id, ttlMS, c.o.priority, c.inbox, floor, first}
+	if a.q != nil {
+		args = append(args, a.q.member)
+	}
 	a.answers = c.callMasters(ctx, c.masters, func(ctx context.Context, m *master) (any, error) {
 		if err := c.verify(ctx, m); err != nil {
 			return nil, unsent(err) // the acquire script was not sent
 		}
-		v, err := runScript(ctx, acquireScript, m.c, a.keys, cl.id, ttlMS, c.o.priority, c.inbox, floor, first)
+		v, err := runScript(ctx, acquireScript, m.c, a.keys, args...)
 		return v, m.sendErr(err)
 	}, f)
 }
@@ -189,28 +212,48 @@ func (a *attempt) sortAnswers(floor *uint64) {
 // when their answers go to late (decided 0 as acquire returns), which
 // deletes what they grant: a failure decided without them (grantDecided)
 // must not wait for a hung master. Masters that answered "held", or whose
-// call was never sent (notSent), took nothing.
-func (a *attempt) others() []*master {
-	ms := slices.Clone(a.unknown)
+// call was never sent (notSent), took nothing. pending are those of
+// others whose answer late sees to all the same (see giveUp).
+func (a *attempt) others() (ms, pending []*master) {
+	ms = slices.Clone(a.unknown)
 	for _, m := range a.c.masters {
 		if !slices.ContainsFunc(a.answers, func(r answer) bool { return r.m == m }) && (a.late == nil || a.tokenSet) {
 			ms = append(ms, m)
+			if a.late != nil {
+				pending = append(pending, m)
+			}
 		}
 	}
 	if a.tokenSet {
 		ms = append(ms, a.slow...)
+		pending = append(pending, a.slow...)
 	}
-	return ms
+	return ms, pending
 }
 
 // fail gives the attempt up and returns err, or ctx's error once ctx has
 // ended.
 func (a *attempt) fail(ctx context.Context, err error) (locks.Lease, error) {
-	a.c.giveUp(ctx, a.cl, a.grants, a.others())
+	a.giveUp(ctx)
 	if cerr := ctx.Err(); cerr != nil {
 		return nil, cerr
 	}
 	return nil, err
+}
+
+// giveUp gives the attempt up (see Client.giveUp). When its token was
+// set, the masters yet to answer are deleted at as before, keeping a key
+// taken from another holder, but they are not unknown: late sees to
+// their answers as a failed attempt's (see lateAnswers.abandon), and
+// remembers the attempt as having kept a key only where it took one.
+func (a *attempt) giveUp(ctx context.Context) {
+	ms, pending := a.others()
+	if a.tokenSet {
+		a.late.abandon()
+	} else {
+		pending = nil
+	}
+	a.c.giveUp(ctx, a.cl, a.grants, ms, pending)
 }
 
 // checkWon returns nil when a quorum granted one slot; else the name is
@@ -257,6 +300,9 @@ func (a *attempt) grant(ctx context.Context, extraFree, extraTaken []grant) (loc
 	}
 	cl.slot = a.best.slot
 	cl.key = a.keys[a.best.slot]
+	if a.q != nil && a.q.member != "-" {
+		cl.member = a.q.member // its release takes it out of the queue
+	}
 	c.deleteKeys(ctx, cl, leftoversOf(extraFree))
 	spec := driver.Spec{Name: cl.name, Token: a.token, Deadline: deadline, Release: cl.release}
 	if cl.semaphore {
@@ -266,7 +312,7 @@ func (a *attempt) grant(ctx context.Context, extraFree, extraTaken []grant) (loc
 	victims := c.victimsOf(a.grants)
 	lease, first, err := a.register(ctx, spec, len(victims) > 0)
 	if err != nil {
-		c.giveUp(ctx, cl, a.grants, a.others())
+		a.giveUp(ctx)
 		return nil, err
 	}
 	if first {

@@ -24,7 +24,16 @@ import (
 // attempt's acquire there (see sequence), so it also undoes a grant whose
 // answer had not come when ctx ended; only masters whose acquire or
 // deletion has not answered by then are left to the background (late).
-func (c *Client) giveUp(ctx context.Context, cl *claim, gs []grant, others []*master) {
+//
+// Of others, those in pending are masters whose acquire has not answered
+// and whose answer late sees to as a failed attempt's (see
+// lateAnswers.abandon): the key there is deleted, kept if taken from
+// another holder, but the attempt is remembered as having kept one only
+// if late finds it took one — not for a whole TTL on the mere chance, in
+// which no thief's notice about it would be acknowledged (the
+// mixed-priority stall: an attempt robbed after its grant but before
+// its lease, a master's answer still to come).
+func (c *Client) giveUp(ctx context.Context, cl *claim, gs []grant, others, pending []*master) {
 	ctx = context.WithoutCancel(ctx)
 	victims := c.victimsOf(gs)
 	var now, taken, unknown []*master
@@ -47,7 +56,7 @@ func (c *Client) giveUp(ctx context.Context, cl *claim, gs []grant, others []*ma
 	// from anyone it has not told, and the key goes.
 	leftovers := make([]leftover, len(now))
 	for i, m := range now {
-		leftovers[i] = leftover{m: m, keepTaken: slices.Contains(unknown, m)}
+		leftovers[i] = leftover{m: m, keepTaken: slices.Contains(unknown, m), lateSees: slices.Contains(pending, m)}
 	}
 	if len(victims) == 0 {
 		c.forgetClaim(cl)
@@ -92,6 +101,7 @@ type leftover struct {
 	m         *master
 	slot      int
 	keepTaken bool
+	lateSees  bool // keepTaken, and late remembers a key taken (see giveUp)
 }
 
 // leftoversOf returns the keys of the slots gs granted.
@@ -119,30 +129,45 @@ func (c *Client) deleteKeys(ctx context.Context, cl *claim, leftovers []leftover
 	for i, lo := range leftovers {
 		ms[i] = lo.m
 	}
-	if slices.ContainsFunc(leftovers, func(lo leftover) bool { return lo.keepTaken }) {
+	if slices.ContainsFunc(leftovers, func(lo leftover) bool { return lo.keepTaken && !lo.lateSees }) {
 		c.rememberKept(cl.id)
 	}
 	c.callMasters(ctx, ms, func(ctx context.Context, m *master) (any, error) {
 		lo := leftovers[slices.IndexFunc(leftovers, func(lo leftover) bool { return lo.m == m })]
 		return nil, c.deleteAt(ctx, cl, lo)
-	}, callPolicy{name: cl.name, calls: calls, allDone: cancel, grace: true})
+	}, callPolicy{order: freeOrder(cl), calls: calls, allDone: cancel, grace: true})
 }
 
 // deleteAt deletes one leftover of cl, slot by slot, and stops at the
-// first error.
+// first error. Where it frees the first slot (the one a Locker's queue
+// waits for), the master wakes the queue's head, as a release does: a
+// waiter whose attempt that key refused there heard no wake-up it could
+// count, and would otherwise wait for its refresh (TTL/2) — two waiters
+// that each found themselves the head (one's entry not yet on every
+// master) split the masters, and both failed. It does not wake the
+// attempt's own waiter (cl.waiter), which counts the masters that
+// granted it as free already (see Client.grantedBy): woken by its own
+// deletions, a head with a wake-up standing from a master that no
+// longer answers in time tried again at once, in a loop, while the name
+// was held.
 func (c *Client) deleteAt(ctx context.Context, cl *claim, lo leftover) error {
 	first, last := lo.slot, lo.slot
 	if lo.slot == 0 {
 		first, last = 1, cl.size
 	}
 	for s := first; s <= last; s++ {
-		args := []any{cl.id, 0, ""}
+		keep := "0"
 		if lo.keepTaken {
-			args = append(args, "1")
-		} else if lo.slot == 0 {
-			args = append(args, "0")
+			keep = "1"
 		}
-		if _, err := runScript(ctx, releaseScript, lo.m.c, []string{c.key(cl.name, s), cl.fence}, args...); err != nil {
+		args := []any{cl.id, 0, "", keep}
+		keys := []string{c.key(cl.name, s), cl.fence}
+		if s == 1 {
+			q, qt, _ := c.queueKeys(cl.name)
+			keys = append(keys, q, qt)
+			args = append(args, "", cl.waiter)
+		}
+		if _, err := runScript(ctx, releaseScript, lo.m.c, keys, args...); err != nil {
 			return err
 		}
 	}
@@ -166,6 +191,7 @@ type lateAnswers struct {
 	decided bool
 	token   uint64
 	pending []answer
+	seen    []answer // checked with the token: abandon checks them again
 }
 
 func (a *lateAnswers) add(r answer) {
@@ -176,8 +202,37 @@ func (a *lateAnswers) add(r answer) {
 		return
 	}
 	token := a.token
+	if token != 0 {
+		a.seen = append(a.seen, r)
+	}
 	a.mu.Unlock()
 	a.check(r, token)
+}
+
+// abandon turns an attempt decided with a token into a failed one (it
+// was robbed before it was granted, or could not record its token): the
+// answers still to come are then seen to as a failed attempt's — a free
+// slot granted late is deleted, a slot taken from a victim is left to
+// expire and remembered as kept — and so are those that came since the
+// token was set, checked again (on this goroutine, before giveUp forgets
+// the claim). So giveUp need not count the masters yet to answer as
+// unknown — acknowledging no thief's notice about the attempt for a TTL
+// on the mere chance that it took a key there — which stalled a higher
+// priority that took the name from the robbed attempt's keys: the
+// mixed-priority stall of about a TTL.
+func (a *lateAnswers) abandon() {
+	a.mu.Lock()
+	if !a.decided || a.token == 0 {
+		a.mu.Unlock()
+		return
+	}
+	a.token = 0
+	seen := a.seen
+	a.seen = nil
+	a.mu.Unlock()
+	for _, r := range seen {
+		a.check(r, 0) // before giveUp forgets the claim: see notice
+	}
 }
 
 // decide sets the token (0 for a failed attempt) and sees to the answers
@@ -215,14 +270,14 @@ func (a *lateAnswers) check(r answer, token uint64) {
 		// that victim was never told.
 		c.rememberKeptFor(cl.id, g.pttl+c.o.driftOver(g.pttl))
 	case token == 0 && err == nil && g.status == 1:
-		_ = c.deleteAt(ctx, cl, leftover{m: r.m, slot: g.slot})
+		c.deleteLate(ctx, cl, leftover{m: r.m, slot: g.slot})
 	case token == 0 && err != nil && !notSent(err):
 		// The call may have granted all the same: delete there, as the
 		// failed attempt does where a call failed in time (keeping a key
 		// taken from a holder it cannot tell).
 		c.rememberKept(cl.id)
 		for s := 1; s <= cl.size; s++ {
-			_ = c.deleteAt(ctx, cl, leftover{m: r.m, slot: s, keepTaken: true})
+			c.deleteLate(ctx, cl, leftover{m: r.m, slot: s, keepTaken: true})
 		}
 	case token == 0, err == nil && g.counter >= token:
 	case cl.releasing.Load():
@@ -230,6 +285,20 @@ func (a *lateAnswers) check(r answer, token uint64) {
 		// to the token: this master's counter too.
 	default:
 		_, _ = runScript(ctx, raiseScript, r.m.c, []string{cl.fence}, token)
+	}
+}
+
+// deleteLate deletes what a failed attempt's late answer got at one
+// master, ordered as a release is (see freeOrder): this Client's next
+// acquire of the name there waits for it, so that the deletion cannot
+// land after that acquire was refused by the key it deletes, which would
+// leave the new lease a bare quorum. An acquire sent before the late
+// answer arrived is not ordered after its deletion (a documented limit).
+func (c *Client) deleteLate(ctx context.Context, cl *claim, lo leftover) {
+	prev, done := c.sequence(lo.m, freeOrder(cl))
+	defer done()
+	if waitFor(ctx, prev) == nil {
+		_ = c.deleteAt(ctx, cl, lo)
 	}
 }
 

@@ -78,7 +78,10 @@ type Client struct {
 
 	seqMu sync.Mutex
 	seq   map[seqKey]chan struct{} // see sequence
-	wg    sync.WaitGroup
+	// admitted holds, by name, the steps of this Client's arrivals and
+	// waits under way (see admit); guarded by seqMu.
+	admitted map[string]*admission
+	wg       sync.WaitGroup
 	// claims holds, by holder id, the attempts in flight and the leases
 	// they became, until no notice about them can need waiting for.
 	claims  map[string]*claim
@@ -98,6 +101,18 @@ type Client struct {
 	sweeping  bool                   // a sweep goroutine runs; guarded by mu
 	subAcked  []bool                 // per master: inbox subscription confirmed
 	subQuorum chan struct{}          // closed once a quorum of masters confirmed
+	// qwake holds, by queue member, the wake-up channel of each of this
+	// Client's queued Locks (see queue.go); guarded by mu.
+	qwake map[string]*queueWake
+	// refreshes holds, by name, the queue entries this Client's Locks
+	// keep there, refreshed together (see Client.refresh); made on first
+	// use, guarded by mu.
+	refreshes map[string]*nameRefresh
+	// calls counts the Lock, TryLock, Acquire and TryAcquire calls under
+	// way, so that Close lets them clean up (leave the queue, delete what
+	// an attempt got) before the workers stop; added to under mu, and
+	// only while the Client is not closing.
+	calls sync.WaitGroup
 }
 
 // New returns a Client over masters, each an independent Redis master (a
@@ -137,12 +152,14 @@ func New[C redis.UniversalClient](masters []C, opts ...Option) (*Client, error) 
 		done:     make(chan struct{}),
 		work:     make(chan func()),
 		seq:      map[seqKey]chan struct{}{},
+		admitted: map[string]*admission{},
 		claims:   map[string]*claim{},
 		byLease:  map[*driver.Lease]*claim{},
 		acks:     map[string]chan struct{}{},
 		kept:     map[string]time.Time{},
 		subReady: make(chan struct{}),
 		watchers: map[string]*watchState{},
+		qwake:    map[string]*queueWake{},
 		subAcked: make([]bool, len(ms)),
 	}
 	c.inbox = o.prefix + "inbox:" + id + ":" + randomID(8)
@@ -304,10 +321,26 @@ func (c *Client) Semaphore(size int) (*Semaphore, error) {
 // given up, leaves its keys at the masters to expire after the TTL (a
 // victim may still run until then) rather than delaying Close. Every wait
 // is bounded by ctx: when ctx ends first, Close returns an error matching
-// ctx.Err() and the rest finishes in the background. It does not close
-// the masters' clients. Close is idempotent (later calls return nil at
-// once) and safe from any goroutine.
+// ctx.Err() and the rest finishes in the background.
+//
+// With a ctx that never ends, Close returns within the call timeout
+// ([WithCallTimeout]) of its start when masters do not answer (paused,
+// partitioned: their connections open and silent), whether they hung
+// before the Client's first call or while it held leases; within twice
+// it when a waiting Lock must also leave the name's queue. The releases
+// wait that long for them; then their calls, and the closing of the
+// Client's subscriptions on them (go-redis holds a subscription while it
+// connects), are left to end in the background: at their deadlines with
+// go-redis's ContextTimeoutEnabled (the call timeout; max(TTL/2, 1s) for
+// a notice to another Client), else, and for a subscription reconnecting
+// after its connection broke, when go-redis gives them up (its dial and
+// read timeouts, 5s and 3s by default, and its retries). It does not
+// close the masters' clients. Close is idempotent (later calls return
+// nil at once) and safe from any goroutine.
 func (c *Client) Close(ctx context.Context) error {
+	if err := driver.CheckContext(ctx, backend, "close", ""); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
@@ -315,10 +348,26 @@ func (c *Client) Close(ctx context.Context) error {
 	}
 	c.closing = true // no attempt registers a lease from now on
 	c.mu.Unlock()
+	start := time.Now()
 
 	err := c.reg.Close(ctx, nil)
 	select {
 	case <-c.reg.Done():
+		// The calls under way, whose contexts reg.Close ended, clean up
+		// on the workers before they stop: a queued Lock leaves the
+		// queue, so that it does not block it for a TTL.
+		calls := make(chan struct{})
+		go func() {
+			c.calls.Wait()
+			close(calls)
+		}()
+		wait := time.NewTimer(c.callTO) // a cleanup on a hung master
+		select {
+		case <-calls:
+		case <-wait.C:
+		case <-ctx.Done():
+		}
+		wait.Stop()
 		c.stop()
 	default:
 		// ctx ended before the releases did: they (and the victims'
@@ -335,8 +384,15 @@ func (c *Client) Close(ctx context.Context) error {
 		c.wg.Wait()
 		close(stopped)
 	}()
+	// A call to a master that does not answer is the caller's no longer
+	// after the call timeout: Close does not wait for it longer either.
+	// (Its goroutine ends when go-redis gives the call up: at once with
+	// ContextTimeoutEnabled, else after go-redis's own read timeout.)
+	abandon := time.NewTimer(max(time.Until(start.Add(c.callTO)), 0))
+	defer abandon.Stop()
 	select {
 	case <-stopped:
+	case <-abandon.C:
 	case <-ctx.Done():
 		err = errors.Join(err, ctx.Err())
 	}
@@ -345,6 +401,14 @@ func (c *Client) Close(ctx context.Context) error {
 
 // stop refuses new work, closes the subscriptions and tells the workers
 // to go: the last step of Close, once every lease is released.
+//
+// The subscriptions are closed on goroutines of c.wg, which Close waits
+// for no longer than its bound: a PubSub's Close waits for go-redis's
+// lock on it, which a call under way holds (a subscription connecting to
+// a master that accepted the connection and never answers holds it until
+// the call's deadline, the call timeout, or without ContextTimeoutEnabled
+// go-redis's own dial and read timeouts), and so does subMu, held by a
+// subscription of a release channel.
 func (c *Client) stop() {
 	c.mu.Lock()
 	c.closed = true
@@ -352,12 +416,15 @@ func (c *Client) stop() {
 	close(c.done)
 	c.mu.Unlock()
 	c.subOnce.Do(c.subReadyOnce) // no subscription from now on
-	c.subMu.Lock()
-	for _, ps := range c.pubsubs {
-		_ = ps.Close()
-	}
-	c.pubsubs = nil
-	c.subMu.Unlock()
+	c.wg.Go(func() {
+		c.subMu.Lock()
+		pss := c.pubsubs
+		c.pubsubs = nil
+		c.subMu.Unlock()
+		for _, ps := range pss {
+			c.wg.Go(func() { _ = ps.Close() })
+		}
+	})
 }
 
 // goTracked runs f in a goroutine that Close waits for, unless the Client
@@ -377,6 +444,11 @@ func (c *Client) key(name string, slot int) string {
 }
 
 func (c *Client) fenceKey(name string) string { return c.o.prefix + "{" + name + "}:fence" }
+
+func (c *Client) queueKeys(name string) (q, qt, qn string) {
+	p := c.o.prefix + "{" + name + "}:"
+	return p + "q", p + "qt", p + "qn"
+}
 
 func (c *Client) relChannel(name string) string { return c.o.prefix + "{" + name + "}:released" }
 

@@ -2,9 +2,9 @@ package redlockprio_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -12,37 +12,43 @@ import (
 	"github.com/latchkey-go/latchkey/redlockprio"
 )
 
-// Three independent masters; a lease needs two of them. The work runs
-// under the lease's context, which ends if the lease is lost or taken.
+// The package's quick start: three independent masters; a lease needs
+// two of them.
 func ExampleNew() {
+	ctx := context.Background()
+	addrs := []string{"127.0.0.1:6379"} // independent masters: 1, 3 or 5
 	var masters []*redis.Client
-	for _, addr := range []string{"127.0.0.1:6379", "127.0.0.1:6380", "127.0.0.1:6381"} {
+	for _, addr := range addrs {
 		rc := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 		defer rc.Close()
 		masters = append(masters, rc)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := redlockprio.New(masters, redlockprio.WithTTL(5*time.Second))
+	client, err := redlockprio.New(masters) // no I/O yet
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer c.Close(ctx)
+	defer client.Close(ctx) // ends and releases every lease of the client
 
-	lease, err := c.Locker().Lock(ctx, "reports")
+	lease, err := client.Locker().Lock(ctx, "nightly-report") // waits its turn
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(err) // holds nothing; matches ctx.Err() when ctx ended
 	}
 	defer lease.Release(ctx)
-	// Work under lease.Context(); pass lease.Token() to the storage so
-	// that it can refuse stale writers.
-	work := func(ctx context.Context, token uint64) error {
-		fmt.Println("token", token)
-		return ctx.Err()
-	}
-	if err := work(lease.Context(), lease.Token()); err != nil {
+	// lease.Context() ends if the lock is lost or taken; the token fences stale writers.
+	if err := doWork(lease.Context(), lease.Token()); err != nil {
 		log.Print(err)
 	}
+	// Output: working, fenced: true
+}
+
+// doWork stands for your own work under a lease: it stops when ctx ends
+// and passes token to the storage it writes to.
+func doWork(ctx context.Context, token uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	fmt.Println("working, fenced:", token > 0)
+	return nil
 }
 
 // A higher priority takes the name from a lower one, which learns it from
@@ -60,13 +66,25 @@ func ExampleWithPriority() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// The batch job works under its lease's context, and lets go when it
+	// ends: its Release tells the thief it may start.
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-low.Context().Done() // taken by a higher priority
+		fmt.Println("batch:", errors.Is(context.Cause(low.Context()), locks.ErrPreempted))
+		_ = low.Release(ctx)
+	}()
 	high, err := interactive.Locker().Lock(ctx, "index") // returns once low has let go
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer high.Release(ctx)
-	<-low.Context().Done()
-	fmt.Println(context.Cause(low.Context()))
+	<-stopped
+	fmt.Println("interactive holds the lock")
+	_ = high.Release(ctx)
+	// Output:
+	// batch: true
+	// interactive holds the lock
 }
 
 // Two slots per name.
@@ -82,5 +100,7 @@ func ExampleClient_Semaphore() {
 		log.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	fmt.Println("slot", lease.(locks.SlotLease).Slot())
+	slot := lease.(locks.SlotLease).Slot() // 1 or 2: tried from a random one
+	fmt.Println("holding one of 2 slots:", slot == 1 || slot == 2)
+	// Output: holding one of 2 slots: true
 }

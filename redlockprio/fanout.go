@@ -71,10 +71,10 @@ type callPolicy struct {
 	// calls, if set, is the context of the calls; ctx then bounds only
 	// the wait for their answers.
 	calls context.Context
-	// name, if set, orders the calls: each call to a master about name
-	// waits until this Client's previous one there has returned (see
-	// sequence).
-	name string
+	// order, if set, orders the calls after this Client's earlier calls
+	// at each master that belong to the same lease or waiter (see
+	// callOrder).
+	order *callOrder
 	// grace, if set, bounds the wait for stragglers: once a majority of
 	// the masters called have answered without error, the others are
 	// waited for at most as long again as that took (graceMin at least),
@@ -139,10 +139,10 @@ func (c *Client) callMasters(ctx context.Context, ms []*master, step func(ctx co
 	st.left.Store(int32(len(ms)))
 	started := 0
 	for _, m := range ms {
-		var prev <-chan struct{}
+		var prev []<-chan struct{}
 		seqDone := func() {}
-		if f.name != "" {
-			prev, seqDone = c.sequence(m, f.name)
+		if f.order != nil {
+			prev, seqDone = c.sequence(m, f.order)
 		}
 		if c.runOnWorker(func() {
 			var v any
@@ -188,14 +188,14 @@ func (c *Client) callMasters(ctx context.Context, ms []*master, step func(ctx co
 // goroutine: its answer is the outcome, so this spares two goroutine
 // switches. The client ends it at the context's deadline (see
 // inlineContext). (Once ctx has ended, a call is made on a worker, and not
-// waited for.) It waits for this Client's calls about the name still
-// running in the background (see sequence), but need not be waited for:
-// the caller makes its next call after this one returns.
+// waited for.) It waits for this Client's calls it is ordered after that
+// still run in the background (see sequence), but need not be waited
+// for: the caller makes its next call after this one returns.
 func (c *Client) callInline(ctx, calls context.Context, m *master, step func(ctx context.Context, m *master) (any, error), f callPolicy) []answer {
 	cctx := inlineContext(ctx, calls)
-	var prev <-chan struct{}
-	if f.name != "" {
-		prev = c.pending(m, f.name)
+	var prev []<-chan struct{}
+	if f.order != nil {
+		prev = c.pending(m, f.order)
 	}
 	var v any
 	err := unsent(waitFor(cctx, prev))
@@ -301,56 +301,133 @@ func inlineContext(ctx, calls context.Context) context.Context {
 	return calls
 }
 
-// seqKey is a name at one master.
+// seqKey is one chain of calls at one master (see callOrder).
 type seqKey struct {
 	master int
-	name   string
+	chain  string
 }
 
-// sequence orders this Client's calls about name at m: it returns a
-// channel closed once the previous call there has returned (nil if none
-// is running), and the function to call when this one has returned.
-// Calls are sequenced in the order callMasters issues them, so that at each
-// master a lease's acquire comes before its release, and a release before
-// the next acquire of the name, though callMasters returns once a quorum has
-// answered and the other calls go on in the background: otherwise a
-// straggler's late acquire could overtake the release (leaving a key
-// until the TTL), or a quick re-acquire find the previous lease's key
-// still there (holding the name on a bare quorum).
-func (c *Client) sequence(m *master, name string) (<-chan struct{}, func()) {
-	k := seqKey{m.index, name}
+// callOrder says which of this Client's earlier calls at a master a call
+// waits for there: the last call of each chain it joins (and then is
+// itself the last of), and the last of each chain it only comes after.
+// A chain is a lease's calls (its claim: the acquire, the deletion of
+// what a failed attempt got, the release), a waiter's queue entry (its
+// enqueues, its leave, its lease's release), or the calls that free a
+// name's keys (deletions and releases), which a new attempt of the name
+// comes after. Calls of different leases and waiters are not ordered:
+// many Locks of one name through one Client do not wait behind each
+// other's calls.
+type callOrder struct {
+	joins []string
+	after []string
+}
+
+// The chains of callOrder: a claim's, a queue member's, and the calls
+// freeing a name's keys.
+func claimChain(cl *claim) string      { return "claim\x00" + cl.id }
+func memberChain(member string) string { return "member\x00" + member }
+func freeChain(name string) string     { return "free\x00" + name }
+
+// acquireOrder orders an attempt's acquire: in its claim's chain (its
+// deletions and release come after it), after this Client's calls
+// freeing the name (a release returned at a quorum, its other calls still
+// running: the next attempt must not find that lease's key there, which
+// would leave it a bare quorum), and after the enqueues of its queue
+// member, if it has one (a master its join or refresh has yet to reach
+// would see another waiter at the head, and refuse it).
+func acquireOrder(cl *claim, member string) *callOrder {
+	o := &callOrder{joins: []string{claimChain(cl)}, after: []string{freeChain(cl.name)}}
+	if member != "" && member != "-" {
+		o.after = append(o.after, memberChain(member))
+	}
+	return o
+}
+
+// freeOrder orders a deletion of cl's keys: after its acquire (else a
+// straggling acquire would set the key again, left until the TTL), and
+// before the next attempt of the name.
+func freeOrder(cl *claim) *callOrder {
+	return &callOrder{joins: []string{claimChain(cl), freeChain(cl.name)}}
+}
+
+// releaseOrder orders a lease's release: as freeOrder, and after its
+// queue member's enqueues, if it waited (else a straggling refresh would
+// put the entry back after the release took it out, and it would block
+// the queue until it expired).
+func releaseOrder(cl *claim) *callOrder {
+	o := freeOrder(cl)
+	if cl.member != "" {
+		o.joins = append(o.joins, memberChain(cl.member))
+	}
+	return o
+}
+
+// memberOrder orders the calls about a waiter's queue entry: its
+// enqueues (join and refreshes) and its leave, so that a straggling
+// enqueue does not put it back after it left.
+func memberOrder(member string) *callOrder {
+	return &callOrder{joins: []string{memberChain(member)}}
+}
+
+// sequence orders this Client's calls at m by o: it returns channels
+// closed once the calls this one waits for (see callOrder) have returned,
+// and the function to call when this one has returned. Calls are
+// sequenced in the order callMasters issues them, so that at each master
+// they run in that order, though callMasters returns once a quorum has
+// answered and the other calls go on in the background. A call waits
+// only for calls issued before it: chains never wait in a circle.
+func (c *Client) sequence(m *master, o *callOrder) ([]<-chan struct{}, func()) {
 	mine := make(chan struct{})
+	prev := make([]<-chan struct{}, 0, len(o.joins)+len(o.after))
 	c.seqMu.Lock()
-	prev := c.seq[k]
-	c.seq[k] = mine
+	for _, chain := range o.after {
+		if p := c.seq[seqKey{m.index, chain}]; p != nil {
+			prev = append(prev, p)
+		}
+	}
+	for _, chain := range o.joins {
+		k := seqKey{m.index, chain}
+		if p := c.seq[k]; p != nil {
+			prev = append(prev, p)
+		}
+		c.seq[k] = mine
+	}
 	c.seqMu.Unlock()
 	return prev, func() {
 		close(mine)
 		c.seqMu.Lock()
-		if c.seq[k] == mine {
-			delete(c.seq, k)
+		for _, chain := range o.joins {
+			k := seqKey{m.index, chain}
+			if c.seq[k] == mine {
+				delete(c.seq, k)
+			}
 		}
 		c.seqMu.Unlock()
 	}
 }
 
-// pending returns a channel closed once this Client's last call about
-// name at m has returned, or nil if none is running.
-func (c *Client) pending(m *master, name string) <-chan struct{} {
+// pending returns channels closed once this Client's calls at m that a
+// call ordered by o waits for have returned (none if none is running).
+func (c *Client) pending(m *master, o *callOrder) []<-chan struct{} {
 	c.seqMu.Lock()
 	defer c.seqMu.Unlock()
-	return c.seq[seqKey{m.index, name}]
+	var prev []<-chan struct{}
+	for _, chain := range slices.Concat(o.joins, o.after) {
+		if p := c.seq[seqKey{m.index, chain}]; p != nil {
+			prev = append(prev, p)
+		}
+	}
+	return prev
 }
 
-// waitFor waits until prev is closed (at once if it is nil) or ctx ends.
-func waitFor(ctx context.Context, prev <-chan struct{}) error {
-	if prev == nil {
-		return nil
+// waitFor waits until every channel of prev is closed or ctx ends.
+func waitFor(ctx context.Context, prev []<-chan struct{}) error {
+	for _, p := range prev {
+		select {
+		case <-p:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	select {
-	case <-prev:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return nil
 }

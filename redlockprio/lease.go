@@ -24,6 +24,8 @@ type claim struct {
 	fence     string
 	slot      int    // from 1, once granted
 	key       string // the slot's key, once granted
+	member    string // a Locker's queue member, if it waited in the queue
+	waiter    string // the queue member of the Lock that made the attempt, if any: its deletions do not wake it
 
 	// ackable is closed once a thief's notice about the claim may be
 	// acknowledged: the attempt has failed and cleaned up, or has been
@@ -97,8 +99,8 @@ func (e *Lease) Name() string { return e.cl.name }
 func (e *Lease) Context() context.Context { return e.l.Context() }
 
 // Token returns the lease's fencing token: strictly greater for every
-// later holder of the name (see the package doc for the argument and its
-// limits).
+// later holder of the name, within the package doc's limits (the argument
+// is in the repository's docs/protocols/redlockprio.md).
 func (e *Lease) Token() uint64 { return e.l.Token() }
 
 // Slot returns the semaphore slot, from 1, of a [Semaphore]'s lease, and
@@ -151,14 +153,26 @@ func (cl *claim) release(ctx context.Context) error {
 	// context of their own, so that the keys there go too and their
 	// waiters hear of it, whatever becomes of ctx.
 	// (With one master called on this goroutine (inline), nothing goes
-	// on in the background: the call runs on ctx, if it is still live.)
-	f := callPolicy{decides: c.quorumAnswered, name: cl.name}
+	// on in the background: the call runs on ctx, if it is still live,
+	// bounded by the call timeout like every call.)
+	f := callPolicy{decides: c.quorumAnswered, order: releaseOrder(cl)}
 	if !c.inline() || ctx.Err() != nil {
 		f.calls, f.allDone = context.WithTimeout(context.WithoutCancel(ctx), c.callTO)
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.callTO)
+		defer cancel()
 	}
 	keys := []string{cl.key, cl.fence}
+	if cl.slot == 1 {
+		q, qt, _ := c.queueKeys(cl.name)
+		keys = append(keys, q, qt) // the slot a Locker waits for: wake its queue's head
+	}
 	channel := c.relChannel(cl.name)
 	rs := c.callMasters(ctx, c.masters, func(ctx context.Context, m *master) (any, error) {
+		if cl.member != "" {
+			return runScript(ctx, releaseScript, m.c, keys, cl.id, token, channel, "", cl.member)
+		}
 		return runScript(ctx, releaseScript, m.c, keys, cl.id, token, channel)
 	}, f)
 	answered, errs := tally(rs)

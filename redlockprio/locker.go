@@ -24,28 +24,33 @@ var (
 )
 
 // Lock blocks until it holds name on a quorum of the masters; see
-// [locks.Locker.Lock]. It is woken by the release notifications the
-// holder publishes, and polls with jitter ([WithBackoff]) no later than
-// when the holder's keys expire. When the Client has a higher priority
+// [locks.Locker.Lock]. When the name is held it joins the name's waiter
+// queue (FIFO among equal priorities, higher priorities first) and is
+// woken when it is its turn; it also tries again when the holder's keys
+// would have expired. When the Client has a higher priority
 // than the holder ([WithPriority]), it takes the name, tells the holder,
 // and returns once the holder has let go (its Release; see the package
 // doc) or its validity has provably run out.
 //
 // A held name is waited for also while a minority of the masters is
-// down or hung. Only when fewer than a quorum of masters answer does
-// Lock fail at once, with a [*QuorumError]. Two masters found to be one
+// down or hung. When fewer than a quorum of masters answer, Lock fails
+// with a [*QuorumError] after its attempt's call timeout (the Locks of one
+// name through one Client make their attempts one at a time, so the k-th
+// fails after about k call timeouts). Two masters found to be one
 // server on first contact fail it with an error matching
 // [locks.ErrInvalidOption]. When ctx ends first, Lock returns an error
 // matching ctx.Err() and holds nothing: it first deletes what an attempt
 // in flight got, waiting up to the call timeout ([WithCallTimeout]) more
-// (see the package doc for the limit); when the Client closes first, an
-// error matching [locks.ErrClosed]. Lock is safe for concurrent use.
+// (a master still silent then is cleaned up in the background); when the
+// Client closes first, an error matching [locks.ErrClosed]. Lock is safe for concurrent use.
 func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 	return l.c.call(ctx, "lock", name, 1, false, true)
 }
 
-// TryLock takes name if it is free (or held by a lower priority); see
-// [locks.Locker.TryLock]. When it is held elsewhere, TryLock returns a
+// TryLock takes name if it is free (or held by a lower priority) and no
+// Lock of an equal or higher priority is queued for it: TryLock does not
+// jump the queue. See [locks.Locker.TryLock]. When it is held elsewhere
+// (or released to such a queued Lock), TryLock returns a
 // [*locks.HeldError] (matching [locks.ErrNotAcquired]) naming the holder,
 // whose RetryAfter is the holder's remaining TTL — also while a minority
 // of the masters is down; only when fewer than a quorum of masters
@@ -70,18 +75,29 @@ func (l *Locker) Observe(fn func(driver.Event)) (stop func()) { return l.c.reg.O
 // semaphore is set): one attempt, or the wait loop when wait is set. Its
 // errors have the one shape of [driver.Errorf].
 func (c *Client) call(ctx context.Context, op, name string, size int, semaphore, wait bool) (locks.Lease, error) {
+	if err := driver.CheckContext(ctx, backend, op, name); err != nil {
+		return nil, err
+	}
 	if err := names.Check(name); err != nil {
 		return nil, driver.Errorf(backend, op, "", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, driver.Errorf(backend, op, name, err)
 	}
-	if c.reg.Closed() {
+	c.mu.Lock()
+	if c.closing || c.reg.Closed() {
+		c.mu.Unlock()
 		return nil, c.reg.ErrClosed(op, name)
 	}
+	c.calls.Add(1)
+	c.mu.Unlock()
+	defer c.calls.Done()
 	bound, cancel := c.reg.Bind(ctx)
 	defer cancel()
 	t := target{name: name, size: size, semaphore: semaphore}
+	if !semaphore {
+		t.q = &queued{member: "-"}
+	}
 	var (
 		lease locks.Lease
 		err   error
@@ -104,6 +120,7 @@ type target struct {
 	name      string
 	size      int
 	semaphore bool
+	q         *queued // a Locker's call: it respects the name's queue
 }
 
 // wait runs the shared wait loop on t, woken by release notifications.
@@ -116,14 +133,21 @@ func (c *Client) wait(ctx context.Context, t target) (locks.Lease, error) {
 	// in between is not missed).
 	var floor uint64
 	lease, err := c.acquire(ctx, t, &floor)
-	if cerr := ctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
+	if cerr := ctx.Err(); err != nil && cerr != nil {
 		// ctx ended while the attempt failed for another reason (it was
 		// robbed while it waited for its victim, say): say ctx's error,
-		// as driver.Wait does.
+		// as driver.Wait does. (ctx is read once: read twice, it could
+		// end between the reads and let the attempt's error through.)
+		if errors.Is(err, cerr) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w (the attempt: %v)", cerr, err)
 	}
-	if err == nil || !errors.Is(err, locks.ErrNotAcquired) || ctx.Err() != nil {
+	if err == nil || !errors.Is(err, locks.ErrNotAcquired) {
 		return lease, err
+	}
+	if t.q != nil {
+		return c.waitQueued(ctx, t, &floor)
 	}
 	wake, stop := c.watch(ctx, c.relChannel(t.name))
 	defer stop()

@@ -34,10 +34,12 @@ func (c *Client) subscribeInbox(ctx context.Context) error {
 		for i, m := range c.masters {
 			ps := m.c.Subscribe(context.Background()) // no channel yet: no I/O
 			if !c.goTracked(func() {
-				sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				_ = ps.Subscribe(sctx, c.inbox) // on error, Receive subscribes again
+				// go-redis holds the PubSub's lock while it connects:
+				// the call timeout bounds that too (see connect).
+				sctx, cancel := context.WithTimeout(context.Background(), c.callTO)
+				err := ps.Subscribe(sctx, c.inbox) // on error, connect subscribes again
 				cancel()
-				c.receive(i, ps)
+				c.receive(i, ps, err == nil)
 			}) {
 				_ = ps.Close()
 				continue
@@ -100,30 +102,54 @@ const pubsubPing = 3 * time.Second
 // dispatches it on this goroutine: the release notice that wakes a waiter
 // crosses one goroutine switch, not three (go-redis's Channel forwards
 // each message through a goroutine of its own and wakes its health check
-// on every message).
-func (c *Client) receive(i int, ps *redis.PubSub) {
+// on every message). connected says whether the PubSub is known to be
+// connected; when it is not, receive connects it before it reads.
+func (c *Client) receive(i int, ps *redis.PubSub, connected bool) {
 	ctx := context.Background()
 	failures := 0
 	for {
-		msg, err := ps.Receive(ctx) // reconnects and subscribes again as needed
-		if err != nil {
-			if errors.Is(err, redis.ErrClosed) {
+		var err error
+		if !connected {
+			err = c.connect(ps)
+		}
+		if err == nil {
+			var msg any
+			msg, err = ps.Receive(ctx)
+			if err == nil {
+				failures = 0
+				c.dispatch(i, msg)
+				continue
+			}
+		}
+		if errors.Is(err, redis.ErrClosed) {
+			return
+		}
+		connected = false
+		if failures++; failures > 1 {
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-c.done:
+				t.Stop()
 				return
 			}
-			if failures++; failures > 1 {
-				t := time.NewTimer(100 * time.Millisecond)
-				select {
-				case <-t.C:
-				case <-c.done:
-					t.Stop()
-					return
-				}
-			}
-			continue
 		}
-		failures = 0
-		c.dispatch(i, msg)
 	}
+}
+
+// connect connects ps (a no-op when it is connected), subscribing its
+// channels again, within the call timeout. A Receive would connect under
+// its own context, which has no deadline: go-redis holds the PubSub's
+// lock while it connects, and a master that accepts the connection but
+// never answers would hold it, and Close's closing of ps behind it, until
+// go-redis's own read timeout. Under the call timeout, ps is closed at
+// most one call timeout after Close when the masters' clients have
+// ContextTimeoutEnabled (go-redis's defaults bound the handshake by their
+// own timeouts instead).
+func (c *Client) connect(ps *redis.PubSub) error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.callTO)
+	defer cancel()
+	return ps.Ping(ctx) // the Pong is read, and ignored, by receive
 }
 
 // pingLoop pings every PubSub each pubsubPing until the Client closes.
@@ -140,9 +166,7 @@ func (c *Client) pingLoop() {
 		pss := slices.Clone(c.pubsubs)
 		c.subMu.Unlock()
 		for _, ps := range pss {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = ps.Ping(ctx)
-			cancel()
+			_ = c.connect(ps)
 		}
 	}
 }
@@ -174,7 +198,7 @@ func (c *Client) dispatch(i int, msg any) {
 		}
 	case *redis.Message:
 		if msg.Channel == c.inbox {
-			c.inboxMessage(msg.Payload)
+			c.inboxMessage(i, msg.Payload)
 			return
 		}
 		c.mu.Lock()
@@ -190,7 +214,7 @@ func (c *Client) dispatch(i int, msg any) {
 	}
 }
 
-func (c *Client) inboxMessage(payload string) {
+func (c *Client) inboxMessage(i int, payload string) {
 	parts := strings.SplitN(payload, "|", 4)
 	switch {
 	case len(parts) == 2 && parts[0] == "A":
@@ -198,6 +222,12 @@ func (c *Client) inboxMessage(payload string) {
 		if ch := c.acks[parts[1]]; ch != nil {
 			close(ch)
 			delete(c.acks, parts[1])
+		}
+		c.mu.Unlock()
+	case len(parts) == 4 && parts[0] == "W":
+		c.mu.Lock()
+		if w := c.qwake[payload[2:]]; w != nil {
+			w.heard(i, c.quorum)
 		}
 		c.mu.Unlock()
 	case len(parts) == 4 && parts[0] == "N":
@@ -376,7 +406,7 @@ func (c *Client) watch(ctx context.Context, channel string) (<-chan struct{}, fu
 	ws.idle = time.Time{}
 	c.mu.Unlock()
 	if first {
-		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		sctx, cancel := context.WithTimeout(ctx, c.callTO)
 		for _, ps := range c.pubsubs {
 			_ = ps.Subscribe(sctx, channel) // retried by the PubSub on reconnect
 		}
@@ -430,7 +460,7 @@ func (c *Client) sweep() {
 		}
 		c.mu.Unlock()
 		if len(gone) > 0 {
-			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			sctx, cancel := context.WithTimeout(context.Background(), c.callTO)
 			for _, ps := range c.pubsubs {
 				_ = ps.Unsubscribe(sctx, gone...)
 			}

@@ -76,11 +76,10 @@ type Option func(*options) error
 // WithTTL sets how long each master keeps a key that its holder stopped
 // renewing (after a crash, say), and so the longest a dead holder blocks a
 // name — unless it took the name from a holder of a longer TTL: its keys
-// then keep that holder's remaining PTTL (see the package doc), and a
-// crash blocks the name up to that. A lease is valid for the TTL minus
-// the time the acquisition took minus the drift allowance
-// ([WithDriftFactor]); it is renewed in the background. The default is
-// 10s.
+// then keep that holder's remaining PTTL, and a crash blocks the name up
+// to that. A lease is valid for the TTL minus the time the acquisition
+// took minus the drift allowance ([WithDriftFactor]); it is renewed in the
+// background. The default is 10s.
 func WithTTL(d time.Duration) Option {
 	return func(o *options) error {
 		o.ttl = d
@@ -127,9 +126,12 @@ func WithPriority(p int) Option {
 	}
 }
 
-// WithBackoff sets the polling schedule of a waiting Lock or Acquire, the
+// WithBackoff sets the polling schedule of a waiting Acquire, the
 // fallback when no release notification wakes it (a holder that expired).
-// The default is [locks.DefaultBackoff].
+// A waiting Lock does not poll on it: it waits in the name's queue, and
+// tries again when woken, when its entry's refresh (every TTL/2) finds it
+// the head of a free name, when the holder's keys would have expired, or,
+// next in line, when the head's entry would have expired. The default is [locks.DefaultBackoff].
 func WithBackoff(b locks.Backoff) Option {
 	return func(o *options) error {
 		o.backoff = b

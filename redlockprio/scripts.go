@@ -18,8 +18,19 @@ import (
 
 // acquireScript takes one slot of a name on this master.
 //
-// KEYS[1] is the fence counter, KEYS[2..] the slot keys in slot order.
-// ARGV: id, ttl ms, priority, inbox, fence floor, first slot to try (from 0).
+// KEYS[1] is the fence counter, KEYS[2..] the slot keys in slot order,
+// then, for a Locker, the name's waiter queue and its expiries (see
+// queue.go). ARGV: id, ttl ms, priority, inbox, fence floor, first slot
+// to try (from 0), and for a Locker the caller's queue member ("-" when
+// it has none).
+//
+// A Locker's call first looks at the queue: when its head is another
+// waiter of a priority at least the caller's, the answer is "held" by
+// that member, for as long as its entry has left. The caller's member
+// leaves the queue at its lease's release (releaseScript), or when the
+// Lock returns (dequeueScript), not on a grant: a grant on a minority of
+// masters must not lose its place there, which would order the queue
+// differently on different masters.
 //
 // It takes the first free slot trying from the given one; failing that,
 // the slot of the lowest priority below the caller's (stealing it). A
@@ -57,12 +68,42 @@ const renewSource = scripts.Renew
 // a victim it never told is not left without its key while it still runs
 // (set after the victim's, the key outlasts its validity, and the
 // victim's renewals see that it was displaced). It raises the counter to
-// the token, like renewScript. It publishes the id on the channel whether or
+// the token, like renewScript. With KEYS[3] and KEYS[4] (the name's
+// queue and its expiries: a release, or a failed attempt's deletion, of
+// the first slot), it takes the member ARGV[5] (the lease's, if it
+// waited in the queue; a failed attempt passes none: its waiter keeps
+// its place) out of the queue and, when the slot is then free, wakes the
+// queue's head: "W|member" on its inbox — unless the head is ARGV[6], the
+// failed attempt's own waiter, which knows from the attempt's answers
+// that it got this master (see Client.grantedBy): woken by its own
+// deletions, a head with a wake-up standing from a master whose answers
+// do not come in time would count them as a quorum and try again at
+// once, in a loop, while the name is held. It publishes the id on the channel whether or
 // not the key was still there: either way this master no longer holds
 // the name for the caller, and waiters wake once a quorum of masters has
 // said so (see Client.dispatch). It returns 1 when it deleted the key, 0
 // otherwise.
 var releaseScript = redis.NewScript(scripts.Release)
+
+// ticketScript increments the name's ticket counter (KEYS[1]) and
+// returns it: a waiter's ticket is the largest over a quorum (queue.go).
+var ticketScript = redis.NewScript(scripts.Ticket)
+
+// enqueueScript puts (or puts back) a waiter in the name's queue.
+//
+// KEYS: the queue, its expiries, the ticket counter, the name's first
+// slot key. ARGV: member, priority, entry lifetime ms, ticket. It raises
+// the counter to the ticket, sets the entry to expire after the lifetime
+// by the master's clock, and returns {1, 0, 0} when the member is the
+// head and the slot is free (the waiter should try now), else {0, its
+// rank in the queue (0 for the head), ms the head's entry has left}.
+var enqueueScript = redis.NewScript(scripts.Enqueue)
+
+// dequeueScript takes a waiter out of the name's queue: KEYS the queue,
+// its expiries and the name's first slot key, ARGV[1] the member. When
+// it was there and the slot is free, it wakes the new head. It returns
+// 1 when it removed the member.
+var dequeueScript = redis.NewScript(scripts.Dequeue)
 
 // raiseScript raises the fence counter KEYS[1] to at least ARGV[1] and
 // returns its value. With a slot key KEYS[2] and a holder id ARGV[2] (an

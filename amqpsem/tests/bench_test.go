@@ -39,7 +39,7 @@ func BenchmarkFloor(b *testing.B) {
 
 // BenchmarkMutex runs the suite's benchmarks on the Mutex.
 func BenchmarkMutex(b *testing.B) {
-	contracttest.RunBenchmarks(b, newHarness(closeSocket, false))
+	contracttest.RunBenchmarks(b, newHarness(direct, false))
 }
 
 // BenchmarkSemaphoreAcquire measures TryAcquire+Release with some slots

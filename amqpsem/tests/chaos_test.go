@@ -2,16 +2,16 @@ package amqpsem_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/latchkey-go/latchkey/amqpsem"
 	"github.com/latchkey-go/latchkey/contracttest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
+
+	"github.com/latchkey-go/latchkey/amqpsem"
 )
 
 // The ranges the chaos clients' options are drawn from: the heartbeat in
@@ -80,35 +80,9 @@ func (h chaosHarness) NewChaosClient(ctx context.Context, rng *rand.Rand) (contr
 	hb := time.Duration(1+rng.IntN(int(chaosMaxHeartbeat/time.Second))) * time.Second
 	verify := (chaosMinVerify + time.Duration(rng.Int64N(int64(hb/2-chaosMinVerify)+1))).Truncate(time.Millisecond)
 
-	cl := &client{h: h.harness, proxy: testenv.NewProxy(h.t, h.upstream)}
-	h.mu.Lock()
-	h.proxies = append(h.proxies, cl.proxy)
-	h.mu.Unlock()
-	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, network, cl.proxy.Addr())
-		if err == nil {
-			cl.mu.Lock()
-			cl.conns = append(cl.conns, conn)
-			cl.mu.Unlock()
-		}
-		return conn, err
-	}
-	opts := append(testOptions(), amqpsem.WithHeartbeat(hb), amqpsem.WithVerifyInterval(verify), amqpsem.WithDial(dial))
-	c, err := amqpsem.Dial(ctx, h.url, opts...)
+	cl, err := h.newClient(ctx, amqpsem.WithHeartbeat(hb), amqpsem.WithVerifyInterval(verify))
 	if err != nil {
 		return contracttest.ChaosClient{}, err
-	}
-	cl.c = c
-	if h.semLocker {
-		s, err := c.Semaphore(1)
-		if err != nil {
-			return contracttest.ChaosClient{}, errors.Join(err, c.Close(context.Background()))
-		}
-		cl.locker = semLocker{recSem{s, h.harness}}
-	} else {
-		m := c.Locker()
-		cl.locker = m
 	}
 	return contracttest.ChaosClient{
 		Client:        cl,
@@ -116,4 +90,72 @@ func (h chaosHarness) NewChaosClient(ctx context.Context, rng *rand.Rand) (contr
 		CrashRecovery: h.chaosRecovery(hb),
 		Link:          cl.proxy,
 	}, nil
+}
+
+// TestChaosSemaphoreNeverMoreThanN: six reconnecting clients, each behind a
+// fault proxy that is black-holed and restored at random, contend for a
+// 2-slot semaphore. Every critical section (from Acquire's return to the
+// first of Release's call and the lease's end) is recorded on one monotonic
+// clock: never more than 2 at once, never two on one slot.
+func TestChaosSemaphoreNeverMoreThanN(t *testing.T) {
+	url, host := amqpURL(t)
+	name := newName(t, url)
+	const slots = 2
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	if err := admin(t, dial(t, url)).Create(ctx, name, slots); err != nil {
+		t.Fatal(err)
+	}
+	rec := newLeaseHistory(slots)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var proxies testenv.Proxies
+	for i := range 6 {
+		p := testenv.NewProxy(t, host)
+		proxies = append(proxies, p)
+		c := dial(t, url, through(p), fastReconnect)
+		s, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
+		who := fmt.Sprintf("client %d", i)
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+				l, err := s.Acquire(actx, name)
+				acancel()
+				if err != nil {
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				exit := rec.enter(who, l)
+				select {
+				case <-time.After(time.Duration(20+rand.IntN(150)) * time.Millisecond):
+				case <-l.Context().Done():
+				}
+				exit()
+				rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+				l.Release(rctx)
+				rcancel()
+			}
+		})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		p := proxies[rand.IntN(len(proxies))]
+		p.BlackHole()
+		time.Sleep(time.Duration(500+rand.IntN(3000)) * time.Millisecond)
+		p.Restore()
+		time.Sleep(time.Duration(100+rand.IntN(500)) * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	rec.check(t)
+	most := rec.all.Peak()
+	if most > slots {
+		t.Errorf("%d critical sections at once on a %d-slot semaphore", most, slots)
+	}
+	t.Logf("%d critical sections, at most %d at once", rec.all.Len(), most)
 }

@@ -3,8 +3,7 @@ package amqpsem_test
 import (
 	"context"
 	"errors"
-	"net"
-	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -17,14 +16,6 @@ import (
 	"github.com/latchkey-go/latchkey/amqpsem"
 )
 
-// Short timings for tests: the heartbeat bounds crash recovery.
-const (
-	testHeartbeat = time.Second
-	testVerify    = 250 * time.Millisecond
-)
-
-var testBackoff = locks.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}
-
 // killMode says how a harness kills a client.
 type killMode int
 
@@ -32,9 +23,13 @@ const (
 	// blackHole silences the client's proxy: neither side hears of it
 	// until heartbeats time out (the heartbeat bound).
 	blackHole killMode = iota
-	// closeSocket closes the client's TCP socket abruptly, without an AMQP
-	// close: the broker sees the socket close at once.
+	// closeSocket cuts the client's proxy (testenv.Proxy.Cut): its TCP
+	// connection closes without an AMQP close, and the broker sees the
+	// socket close at once.
 	closeSocket
+	// direct dials the broker without a proxy, for benchmarks: Kill
+	// fails.
+	direct
 )
 
 // harness runs the conformance suite. With semLocker, the suite's Locker
@@ -50,20 +45,6 @@ type harness struct {
 	mu      sync.Mutex
 	names   map[string]bool // semaphores to destroy at Close
 	proxies []*testenv.Proxy
-}
-
-func amqpURL(t testing.TB) (string, string) {
-	t.Helper()
-	raw := testenv.AMQPURL(t)
-	u, err := url.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	host := u.Host
-	if u.Port() == "" {
-		host += ":5672"
-	}
-	return raw, host
 }
 
 func newHarness(kill killMode, semLocker bool) contracttest.NewHarness {
@@ -86,48 +67,27 @@ func (h *harness) record(name string) {
 type client struct {
 	h      *harness
 	c      *amqpsem.Client
-	proxy  *testenv.Proxy
-	mu     sync.Mutex
-	conns  []net.Conn
+	proxy  *testenv.Proxy // every client's faults, Kill's too
 	locker locks.Locker
 }
 
-func testOptions() []amqpsem.Option {
-	return []amqpsem.Option{
-		amqpsem.WithHeartbeat(testHeartbeat),
-		amqpsem.WithVerifyInterval(testVerify),
-		amqpsem.WithBackoff(testBackoff),
-		amqpsem.WithSkew(5 * time.Millisecond),
-		amqpsem.WithConnectTimeout(5 * time.Second),
-	}
-}
-
 func (h *harness) NewClient(ctx context.Context) (contracttest.Client, error) {
-	return h.newClient(ctx, h.kill == blackHole)
+	return h.newClient(ctx, amqpsem.WithCreate(true))
 }
 
-// newClient makes a client, behind a fault proxy of its own if proxied.
-func (h *harness) newClient(ctx context.Context, proxied bool) (*client, error) {
+// newClient makes a client behind a fault proxy of its own (but for the
+// direct harness), with testOptions and then opts.
+func (h *harness) newClient(ctx context.Context, opts ...amqpsem.Option) (*client, error) {
 	cl := &client{h: h}
-	target := h.upstream
-	if proxied {
+	opts = append(testOptions(), opts...)
+	if h.kill != direct {
 		cl.proxy = testenv.NewProxy(h.t, h.upstream)
-		target = cl.proxy.Addr()
 		h.mu.Lock()
 		h.proxies = append(h.proxies, cl.proxy)
 		h.mu.Unlock()
+		opts = append(opts, through(cl.proxy))
 	}
-	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, network, target)
-		if err == nil {
-			cl.mu.Lock()
-			cl.conns = append(cl.conns, conn)
-			cl.mu.Unlock()
-		}
-		return conn, err
-	}
-	c, err := amqpsem.Dial(ctx, h.url, append(testOptions(), amqpsem.WithDial(dial), amqpsem.WithCreate(true))...)
+	c, err := amqpsem.Dial(ctx, h.url, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -155,21 +115,17 @@ func (cl *client) Semaphore(ctx context.Context, size int) (locks.Semaphore, err
 	return recSem{s, cl.h}, nil
 }
 
-func (cl *client) Close() error { return cl.c.Close(context.Background()) }
+func (cl *client) Close(ctx context.Context) error { return cl.c.Close(ctx) }
 
 func (h *harness) Kill(ctx context.Context, c contracttest.Client) error {
 	cl := c.(*client)
-	if h.kill == blackHole {
+	switch h.kill {
+	case blackHole:
 		cl.proxy.BlackHole()
-		return nil
-	}
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
-	for _, conn := range cl.conns {
-		if tc, ok := conn.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0)
-		}
-		_ = conn.Close()
+	case closeSocket:
+		cl.proxy.Cut()
+	default:
+		return errors.New("kill: this harness's clients have no proxy")
 	}
 	return nil
 }
@@ -185,6 +141,7 @@ func (h *harness) Capabilities() contracttest.Capabilities {
 		// two or three missed heartbeats.
 		PauseRecovery: 3*testHeartbeat + 500*time.Millisecond,
 		LossDetection: 600 * time.Millisecond,
+		CloseBound:    2 * testHeartbeat,
 		// A call in flight when its context ends is waited for up to one
 		// heartbeat, to undo what it declared.
 		CancelGrace: testHeartbeat,
@@ -358,4 +315,68 @@ func TestConformanceMutex(t *testing.T) {
 // destroys the semaphore.
 func TestConformanceSemaphore(t *testing.T) {
 	contracttest.RunConformanceTests(t, newHarness(closeSocket, true))
+}
+
+var _ contracttest.FaultHarness = (*harness)(nil)
+
+// NewFaultyClient makes a client whose connection goes through a fault
+// proxy of its own.
+func (h *harness) NewFaultyClient(ctx context.Context) (contracttest.Client, contracttest.Link, error) {
+	cl, err := h.newClient(ctx, amqpsem.WithCreate(true))
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl, cl.proxy, nil
+}
+
+// TestFaultSuiteCatchesDefects shows the fault tests failing on the mutex
+// broken on purpose: a holder that learns of its loss late, and
+// a Lock that outlives its context.
+func TestFaultSuiteCatchesDefects(t *testing.T) {
+	nh := newHarness(blackHole, false)
+	contracttest.RunDefectTests(t, nh)
+}
+
+var _ contracttest.ProcessHarness = (*harness)(nil)
+
+// The environment of a holder process the suite starts (PausedHolder):
+// the broker's URL, and "semaphore" for a one-slot semaphore as the
+// Locker rather than the Mutex.
+const (
+	childURLEnv  = "AMQPSEM_TEST_URL"
+	childModeEnv = "AMQPSEM_TEST_MODE"
+)
+
+func TestMain(m *testing.M) { contracttest.Main(m, newChildLocker) }
+
+// ChildEnv lets a holder process reach the broker directly (no proxy: a
+// pause is the fault), with the suite's heartbeat and verify interval.
+func (h *harness) ChildEnv() []string {
+	mode := "mutex"
+	if h.semLocker {
+		mode = "semaphore"
+	}
+	return []string{childURLEnv + "=" + h.url, childModeEnv + "=" + mode}
+}
+
+// newChildLocker is the Locker of a holder process, as NewClient makes it.
+func newChildLocker(ctx context.Context) (locks.Locker, func() error, error) {
+	c, err := amqpsem.Dial(ctx, os.Getenv(childURLEnv), append(testOptions(), amqpsem.WithCreate(true))...)
+	if err != nil {
+		return nil, nil, err
+	}
+	if os.Getenv(childModeEnv) == "semaphore" {
+		s, err := c.Semaphore(1)
+		if err != nil {
+			return nil, nil, errors.Join(err, c.Close(context.Background()))
+		}
+		return semLocker{s}, closeFunc(c), nil
+	}
+	m := c.Locker()
+	return m, closeFunc(c), nil
+}
+
+// closeFunc returns c's Close as the process harness wants it.
+func closeFunc(c *amqpsem.Client) func() error {
+	return func() error { return c.Close(context.Background()) }
 }

@@ -183,3 +183,16 @@ func TestWaitGone(t *testing.T) {
 	}
 	cmdtest.WaitGone(t, pid, 10*time.Second)
 }
+
+// A program built on locks/command's CLI keeps the convention, and its
+// rows, usage errors, are checked.
+func TestCheckConvention(t *testing.T) {
+	bin := cmdtest.Build(t, "testdata/conform")
+	cmdtest.CheckConvention(t, bin, []cmdtest.Case{
+		{Name: "no argument", Want: "want one argument"},
+		{Args: []string{"x"}, Want: `"x" is not a number`},
+	})
+	if out, errOut, code := cmdtest.RunSplit(t, bin, nil, "7"); code != 0 || out != "7\n" || errOut != "" {
+		t.Errorf("conform 7: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}

@@ -1,6 +1,7 @@
 // Package cmdtest has helpers for testing the commands built on
 // locks/command: build, run, run in the background, wait for files and
-// processes.
+// processes, and check the command-line convention every command keeps
+// ([CheckConvention], [RunSplit]).
 //
 // A command's tests build it once with [Build], run it to its end with
 // [Run], [RunEnv] or [Expect], or start it in the background with [Start]

@@ -1,10 +1,12 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -29,10 +31,12 @@ const proxyDialTimeout = 5 * time.Second
 // [Proxy.Latency] and [Proxy.ResetPeer], undone by [Proxy.Restore]. Faults
 // apply to connections already open and to new ones, in both directions at
 // once (but for DropReplies and DelayReplies), so that a client sees a
-// partition or a dead peer rather than a misbehaving server. Its methods
-// are safe to call from several goroutines. The proxy and its connections
-// are closed at the end of the test that created it (or at the
-// [Env.Close] of the Env that created it).
+// partition or a dead peer rather than a misbehaving server. Two kinds of
+// fault pick data by its content instead: [Proxy.DropMatchingReplies]
+// drops the replies a [Match] picks, and a [Trigger] loses the reply to
+// one chosen request. Its methods are safe to call from several
+// goroutines. The proxy and its connections are closed at the end of the
+// test that created it (or at the [Env.Close] of the Env that created it).
 type Proxy struct {
 	env      *Env // gets the errors of Restore
 	upstream string
@@ -50,6 +54,8 @@ type Proxy struct {
 	reset     bool
 	latency   time.Duration
 	lateBack  time.Duration // more delay from upstream to client only
+	dropMatch Match         // drops the replies it picks
+	triggers  []*Trigger    // the armed triggers
 	wake      chan struct{} // closed and replaced when a fault changes
 }
 
@@ -150,6 +156,14 @@ func (p *Proxy) DelayReplies(d time.Duration) {
 	p.setFaults(func() { p.lateBack = max(d, 0) })
 }
 
+// DropMatchingReplies drops every piece of data the upstream sends that m
+// picks, on every connection, until [Proxy.Restore]; the rest goes
+// through, and what clients send still reaches the upstream. A later call
+// replaces m. Data is picked a read at a time: see [Match].
+func (p *Proxy) DropMatchingReplies(m Match) {
+	p.setFaults(func() { p.dropMatch = m })
+}
+
 // Latency delays each piece of data in each direction by d, so that a
 // request and its reply take at least 2*d more, until [Proxy.Restore]. A
 // later call replaces the delay, also for data already waiting.
@@ -165,13 +179,27 @@ func (p *Proxy) ResetPeer() {
 }
 
 // Restore removes every fault and accepts connections again, on the same
-// address; see [Proxy.BlackHole] for the connections it closes. Restoring a
+// address: it also disarms the triggers and ends the faults they started.
+// See [Proxy.BlackHole] for the connections it closes. Restoring a
 // healthy proxy does nothing. The test fails (without stopping) if the
 // address was taken while the proxy was cut (for a proxy of an Env made
 // without a test, [Env.Close] returns that error).
 func (p *Proxy) Restore() {
 	p.mu.Lock()
 	p.blackHole, p.dropBack, p.reset, p.latency, p.lateBack = false, false, false, 0, 0
+	p.dropMatch = nil
+	for _, t := range p.triggers {
+		t.armed = false
+	}
+	p.triggers = nil
+	for l := range p.links {
+		for _, f := range l.replyFaults {
+			if f.stop != nil {
+				close(f.stop)
+			}
+		}
+		l.replyFaults = nil
+	}
 	p.wakeLocked()
 	tainted := p.linksLocked(func(l *link) bool { return l.tainted.Load() })
 	if p.ln == nil && !p.closed {
@@ -202,17 +230,18 @@ func (p *Proxy) wakeLocked() {
 	p.wake = make(chan struct{})
 }
 
-// faults returns the current faults, the black hole as it applies to data
-// going to the client (toClient) or to the upstream, and a channel closed
-// when they change.
-func (p *Proxy) faults(toClient bool) (blackHole, reset bool, latency time.Duration, wake <-chan struct{}) {
+// faults returns the current faults that apply when data is written, as
+// they apply to data going to the client (toClient) or to the upstream,
+// and a channel closed when they change. The others apply when data is
+// read: see inspect.
+func (p *Proxy) faults(toClient bool) (blackHole bool, latency time.Duration, wake <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	latency = p.latency
 	if toClient {
 		latency += p.lateBack
 	}
-	return p.blackHole || toClient && p.dropBack, p.reset, latency, p.wake
+	return p.blackHole || toClient && p.dropBack, latency, p.wake
 }
 
 // close stops the proxy for good and waits for all its goroutines.
@@ -264,7 +293,7 @@ func (p *Proxy) serve(ln net.Listener, c net.Conn) {
 		toClient bool
 	}{{c, u, false}, {u, c, true}} {
 		q := make(chan chunk, 64)
-		p.wg.Go(func() { p.read(l, dir.src, q) })
+		p.wg.Go(func() { p.read(l, dir.src, dir.toClient, q) })
 		p.wg.Go(func() { p.write(l, dir.dst, dir.toClient, q) })
 	}
 }
@@ -276,8 +305,12 @@ type link struct {
 	onClose          func()        // called once by close, without Proxy.mu held
 	once             sync.Once
 	halfClosed       atomic.Int32 // directions whose source closed cleanly
-	// tainted is set when data or a close was swallowed by a black hole.
+	// tainted is set when data or a close was swallowed by a black hole
+	// or a reply was dropped.
 	tainted atomic.Bool
+	// replyFaults are the faults triggers started on this link, under
+	// Proxy.mu.
+	replyFaults []*replyFault
 }
 
 // close closes both connections, with a TCP RST if rst is set.
@@ -303,21 +336,28 @@ type chunk struct {
 	rst bool // the source was reset: nothing more comes
 }
 
-// read reads from src into q until src ends, then closes q.
-func (p *Proxy) read(l *link, src net.Conn, q chan<- chunk) {
+// read reads from src (the upstream when fromUpstream) into q until src
+// ends, then closes q.
+func (p *Proxy) read(l *link, src net.Conn, fromUpstream bool, q chan<- chunk) {
 	defer close(q)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if _, reset, _, _ := p.faults(false); reset {
+			at := time.Now()
+			reset, drop := p.inspect(l, buf[:n], at, fromUpstream)
+			switch {
+			case reset:
 				l.close(true)
 				return
-			}
-			select {
-			case q <- chunk{b: append([]byte(nil), buf[:n]...), at: time.Now()}:
-			case <-l.done:
-				return
+			case drop:
+				l.tainted.Store(true)
+			default:
+				select {
+				case q <- chunk{b: append([]byte(nil), buf[:n]...), at: at}:
+				case <-l.done:
+					return
+				}
 			}
 		}
 		if err != nil {
@@ -330,6 +370,41 @@ func (p *Proxy) read(l *link, src net.Conn, q chan<- chunk) {
 			return
 		}
 	}
+}
+
+// inspect applies to data, just read at at from l's client (or from its
+// upstream when fromUpstream), the faults that look at data: it says
+// whether to reset the link, fires the armed triggers that pick data from
+// a client, and says whether to drop data from the upstream. The triggers
+// fire before the data is forwarded, so that their faults cover its reply.
+func (p *Proxy) inspect(l *link, data []byte, at time.Time, fromUpstream bool) (reset, drop bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reset {
+		return true, false
+	}
+	if !fromUpstream {
+		p.triggers = slices.DeleteFunc(p.triggers, func(t *Trigger) bool {
+			if !t.when(data) {
+				return false
+			}
+			t.fireLocked(l, at)
+			return true
+		})
+		return false, false
+	}
+	drop = p.dropMatch != nil && p.dropMatch(data)
+	l.replyFaults = slices.DeleteFunc(l.replyFaults, func(f *replyFault) bool {
+		switch {
+		case f.lose == nil:
+			drop = true
+		case f.lose(data):
+			drop = true
+			return true // one reply only
+		}
+		return false
+	})
+	return false, drop
 }
 
 // write writes what q delivers to dst (the client when toClient), applying
@@ -346,7 +421,7 @@ func (p *Proxy) write(l *link, dst net.Conn, toClient bool, q <-chan chunk) {
 			return
 		}
 		for {
-			blackHole, _, latency, wake := p.faults(toClient)
+			blackHole, latency, wake := p.faults(toClient)
 			if blackHole {
 				l.tainted.Store(true) // drop it
 				break
@@ -386,6 +461,117 @@ func (p *Proxy) write(l *link, dst net.Conn, toClient bool, q <-chan chunk) {
 			return
 		}
 	}
+}
+
+// A Match picks pieces of data by their content, for a [Trigger] or
+// [Proxy.DropMatchingReplies]. The proxy calls it with the data of each
+// read from one side, up to 32 KiB, and nothing else: a pattern split
+// across two reads is missed (on loopback, a small message of a
+// request-reply protocol such as NATS or RESP is one read). It must not
+// keep or change data, must return quickly, and must not call the proxy,
+// whose lock is held.
+type Match func(data []byte) bool
+
+// Contains returns the [Match] that picks the data holding s.
+func Contains(s string) Match {
+	b := []byte(s)
+	return func(data []byte) bool { return bytes.Contains(data, b) }
+}
+
+// A ReplyFault is what a [Trigger] does, once it has fired, to the replies
+// on the connection that fired it: [LoseReplies] or [LoseReply]. Other
+// connections are left alone.
+type ReplyFault struct {
+	lose       Match // the one reply to drop; nil: every reply
+	closeAfter time.Duration
+}
+
+// LoseReplies is the [ReplyFault] that drops everything the upstream sends
+// on the connection for d, then closes the connection (both sides, as when
+// a peer goes away): the request that fired the trigger reaches the
+// upstream but its reply, and those to what the client sends meanwhile,
+// are lost, and the client finds out only when the connection ends. A
+// client that reconnects gets a healthy connection.
+func LoseReplies(d time.Duration) ReplyFault {
+	return ReplyFault{closeAfter: max(d, 0)}
+}
+
+// LoseReply is the [ReplyFault] that drops the first piece of data the
+// upstream sends on the connection, from the moment the trigger fired,
+// that m picks, and nothing else: the connection stays up, so that its
+// client knows its request reached the upstream and never hears how it
+// went.
+func LoseReply(m Match) ReplyFault {
+	return ReplyFault{lose: m}
+}
+
+// A replyFault is a ReplyFault at work on one link.
+type replyFault struct {
+	lose Match         // as in ReplyFault
+	stop chan struct{} // closed by Restore: LoseReplies does not close the link
+}
+
+// A Trigger is a one-shot fault of a [Proxy], made by [Proxy.NewTrigger]:
+// once armed, it fires on the first piece of data a client sends that its
+// [Match] picks, and applies its [ReplyFault] to that client's connection
+// alone. The fault starts before the data goes on to the upstream, so that
+// it covers the reply to it. Firing disarms the trigger; [Trigger.Arm]
+// arms it again. Its methods are safe to call from several goroutines.
+type Trigger struct {
+	p     *Proxy
+	when  Match
+	fault ReplyFault
+	armed bool // under p.mu
+	fired chan time.Time
+}
+
+// NewTrigger returns a trigger, not armed, that applies fault to the
+// connection of the first piece of data from a client that when picks.
+func (p *Proxy) NewTrigger(when Match, fault ReplyFault) *Trigger {
+	return &Trigger{p: p, when: when, fault: fault, fired: make(chan time.Time, 1)}
+}
+
+// Arm arms the trigger, for connections already open and new ones, until
+// it fires or [Proxy.Restore] disarms it. Arming an armed trigger does
+// nothing.
+func (t *Trigger) Arm() {
+	t.p.mu.Lock()
+	defer t.p.mu.Unlock()
+	if !t.armed {
+		t.armed = true
+		t.p.triggers = append(t.p.triggers, t)
+	}
+}
+
+// Fired returns the channel, the same at every call, that receives the
+// time at which the proxy read the data that fired the trigger: before the
+// upstream got it, so that all the data caused there came later. It holds
+// one time: a firing replaces a time not yet received.
+func (t *Trigger) Fired() <-chan time.Time { return t.fired }
+
+// fireLocked fires t on l for data read at at. The proxy's lock is held.
+func (t *Trigger) fireLocked(l *link, at time.Time) {
+	t.armed = false
+	f := &replyFault{lose: t.fault.lose}
+	if f.lose == nil {
+		f.stop = make(chan struct{})
+		t.p.wg.Go(func() {
+			timer := time.NewTimer(t.fault.closeAfter)
+			defer timer.Stop()
+			select {
+			case <-timer.C:
+				l.close(false)
+			case <-f.stop:
+			case <-l.done:
+			}
+		})
+	}
+	l.replyFaults = append(l.replyFaults, f)
+	select {
+	case <-t.fired:
+	default:
+	}
+	t.fired <- at
 }
 
 // Proxies are proxies faulted together: one client's links to several

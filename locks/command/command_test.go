@@ -311,6 +311,10 @@ func TestReaperKill9(t *testing.T) {
 	if !strings.Contains(out.String(), "helper-reaper: helper ended") {
 		t.Errorf("the reaper said nothing: %q", out.String())
 	}
+	// The helper's reaper has no stop command: it does not claim to run one.
+	if strings.Contains(out.String(), "stop command") {
+		t.Errorf("a reaper without a stop command speaks of one: %q", out.String())
+	}
 }
 
 // Reaper.Close with nothing tracked returns at once; a nil Reaper is a

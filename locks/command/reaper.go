@@ -71,9 +71,13 @@ while read -r what pgid; do
 	esac
 done
 [ -n "$up" ] || exit 0
-echo "$1-reaper: $1 ended with what it ran still up: running the stop command, killing process group(s)$up" >&2
 trap - INT TERM HUP QUIT
-if [ -n "$2" ]; then /bin/sh -c "$2" "$1" || echo "$1-reaper: the stop command failed" >&2; fi
+if [ -n "$2" ]; then
+	echo "$1-reaper: $1 ended with what it ran still up: running the stop command, killing process group(s)$up" >&2
+	/bin/sh -c "$2" "$1" || echo "$1-reaper: the stop command failed" >&2
+else
+	echo "$1-reaper: $1 ended with what it ran still up: killing process group(s)$up" >&2
+fi
 for g in $up; do kill -KILL "-$g" 2>/dev/null; done
 exit 0
 `

@@ -47,14 +47,19 @@ type Lease struct {
 	mu       sync.Mutex
 	deadline time.Time
 	timer    *time.Timer
-	// renewing counts the renewal rounds under
-	// way with this lease; Release waits for them before it tells the
-	// broker. Add only under mu while the lease is live.
-	renewing sync.WaitGroup
+	// rounds counts the renewal rounds under way with this lease, under
+	// mu; roundsOver is closed when it falls back to 0 (nil while none
+	// ran). Release waits for them before it tells the broker. A round
+	// joins only while the lease is live.
+	rounds     int
+	roundsOver chan struct{}
 
 	releaseOnce sync.Once
 	releaseErr  error
 	freeErr     error // the broker's error of the release, whoever ran it
+	// bgFree, set under releaseOnce, is closed once a release finishing
+	// in the background (see free) has set freeErr.
+	bgFree chan struct{}
 
 	afterEnd []*func() // see AfterEnd; under mu, nil once ended
 }
@@ -229,12 +234,18 @@ func (l *Lease) Live() bool { return l.pub.Err() == nil }
 
 // Release ends the lease with [locks.ErrReleased], waits for any renewal
 // under way to finish and frees the lease at the broker; see
-// [locks.Lease.Release].
+// [locks.Lease.Release]. If ctx ends while it waits for the renewal, it
+// returns ctx's error and frees the lease in the background once the
+// renewal is over, with ctx's values but not its cancellation (the
+// backend bounds its calls); a [Registry.Close] waits for that release
+// and returns its error.
 func (l *Lease) Release(ctx context.Context) error {
+	if err := CheckContext(ctx, l.backend(), "release", l.spec.Name); err != nil {
+		return err // the lease stays held: Release may be called again
+	}
 	l.releaseOnce.Do(func() {
 		released := l.End(locks.ErrReleased)
 		err := l.free(ctx)
-		l.freeErr = err
 		// A lease that had ended already reports why (ErrLost...), also
 		// when the cleanup at the broker failed too.
 		var errs []error
@@ -255,9 +266,40 @@ func (l *Lease) Release(ctx context.Context) error {
 }
 
 // free waits for the renewals under way, calls the spec's Release, and
-// forgets the lease in its registry. It returns the broker's error.
+// forgets the lease in its registry. It sets l.freeErr to the broker's
+// error and returns it. It runs under releaseOnce.
+//
+// If ctx ends while a renewal round is under way, free returns ctx's
+// error at once and finishes in the background: once the round is over,
+// it calls the spec's Release with ctx's values but not its cancellation
+// (the backend bounds its own calls, as for [Registry.Close]; a context
+// that a Close ends would leave the name held until the broker's TTL),
+// sets l.freeErr and closes l.bgFree. A Close waits for it and returns its
+// error.
 func (l *Lease) free(ctx context.Context) error {
-	l.renewing.Wait()
+	if over := l.roundsUnderWay(); over != nil {
+		select {
+		case <-over:
+		case <-ctx.Done():
+			l.bgFree = make(chan struct{})
+			bg := func() {
+				<-over // the round is bounded by the lease's deadline
+				l.freeErr = l.release(context.WithoutCancel(ctx))
+				close(l.bgFree)
+			}
+			if l.reg == nil || !l.reg.Go(bg) {
+				go bg()
+			}
+			return ctx.Err()
+		}
+	}
+	l.freeErr = l.release(ctx)
+	return l.freeErr
+}
+
+// release calls the spec's Release and forgets the lease in its
+// registry. It returns the broker's error.
+func (l *Lease) release(ctx context.Context) error {
 	var err error
 	if l.spec.Release != nil {
 		err = l.spec.Release(ctx)
@@ -276,15 +318,38 @@ func (l *Lease) backend() string {
 }
 
 // joinRound counts the lease into a renewal round unless it has ended,
-// and reports whether it did; the round calls l.renewing.Done after.
+// and reports whether it did; the round calls l.roundDone after.
 func (l *Lease) joinRound() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ctx.Err() != nil {
 		return false
 	}
-	l.renewing.Add(1)
+	if l.rounds == 0 {
+		l.roundsOver = make(chan struct{})
+	}
+	l.rounds++
 	return true
+}
+
+// roundDone counts a round of joinRound's out.
+func (l *Lease) roundDone() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rounds--; l.rounds == 0 {
+		close(l.roundsOver)
+	}
+}
+
+// roundsUnderWay returns a channel closed once the renewal rounds under
+// way with the lease are over, or nil if none is.
+func (l *Lease) roundsUnderWay() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rounds == 0 {
+		return nil
+	}
+	return l.roundsOver
 }
 
 // Handle returns the lease as users see it: a [locks.SlotLease] whose

@@ -145,6 +145,9 @@ func renewing(t *testing.T, renew func(ctx context.Context, l *driver.Lease) (ti
 }
 
 func TestRenewal(t *testing.T) {
+	// Renewed every 10ms, a validity of 250ms outlasts a loaded
+	// machine's scheduling delays.
+	const validity = 250 * time.Millisecond
 	var renewals atomic.Int32
 	fail := make(chan error, 1)
 	reg := renewing(t, func(ctx context.Context, _ *driver.Lease) (time.Time, error) {
@@ -156,14 +159,14 @@ func TestRenewal(t *testing.T) {
 		case err := <-fail:
 			return time.Time{}, err
 		default:
-			return time.Now().Add(50 * time.Millisecond), nil
+			return time.Now().Add(validity), nil
 		}
 	})
-	l, err := reg.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: time.Now().Add(50 * time.Millisecond)})
+	l, err := reg.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: time.Now().Add(validity)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond) // three deadlines: only renewals keep it alive
+	time.Sleep(3 * validity) // three deadlines: only renewals keep it alive
 	if !l.Live() {
 		t.Fatalf("lease ended despite renewals: %v", context.Cause(l.Context()))
 	}

@@ -112,7 +112,34 @@ func (r *Registry) ErrClosed(op, name string) error {
 func (r *Registry) Bind(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(r.ctx, func() { cancel(locks.ErrClosed) })
+	if r.ctx.Err() != nil {
+		cancel(locks.ErrClosed) // at once: AfterFunc runs on its own goroutine
+	}
 	return ctx, func() { stop(); cancel(nil) }
+}
+
+// Call is Bind for a call of the client that Close waits for: Close
+// ends the call's context, then waits (as long as its own ctx allows) for
+// the call to return and call the returned cancel, so that what the call
+// does on its way out (handing a turn on, freeing what it won) happens
+// before Close returns and the caller tears its connection down.
+func (r *Registry) Call(ctx context.Context) (context.Context, context.CancelFunc) {
+	bctx, stop := r.Bind(ctx)
+	r.mu.Lock()
+	tracked := !r.closed
+	if tracked {
+		r.wg.Add(1)
+	}
+	r.mu.Unlock()
+	var once sync.Once
+	return bctx, func() {
+		once.Do(func() {
+			stop()
+			if tracked {
+				r.wg.Done()
+			}
+		})
+	}
 }
 
 // Go runs f in a goroutine that Close waits for, unless the registry is
@@ -180,6 +207,9 @@ func (r *Registry) forget(l *Lease) {
 // of a Release that was under way when Close began. It is idempotent:
 // later calls return nil at once.
 func (r *Registry) Close(ctx context.Context, cause error) error {
+	if err := CheckContext(ctx, r.backend, "close", ""); err != nil {
+		return err // nothing closed: Close may be called again
+	}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -213,10 +243,14 @@ func (r *Registry) Close(ctx context.Context, cause error) error {
 				// Without ctx's cancellation: a release cut short would leave
 				// the name held until the broker's TTL; the backend bounds
 				// its own calls, and Close stops waiting when ctx ends.
-				l.freeErr = l.free(context.WithoutCancel(ctx))
+				_ = l.free(context.WithoutCancel(ctx))
 				l.releaseErr = Errorf(r.backend, "release", l.Name(), context.Cause(l.ctx))
 			})
-			// Also when a Release under way when Close began did the work.
+			// Also when a Release under way when Close began did the work,
+			// or left it to the background (its ctx ended during a round).
+			if l.bgFree != nil {
+				<-l.bgFree
+			}
 			if err := l.freeErr; err != nil {
 				mu.Lock()
 				errs = append(errs, fmt.Errorf("release %q: %w", l.Name(), err))

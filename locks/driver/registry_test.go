@@ -377,3 +377,162 @@ func TestCloseEndsLeasesBeforeRound(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseWaitsForCalls: Close ends a running Call's context and returns
+// only once the call has called its cancel (what the call does on its way
+// out happens before Close returns); a Call made after Close is not waited
+// for, and its context has ended already.
+func TestCloseWaitsForCalls(t *testing.T) {
+	reg, err := driver.NewRegistry(driver.Config{Backend: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, done := reg.Call(context.Background())
+	var exited atomic.Bool
+	go func() {
+		<-ctx.Done()
+		time.Sleep(20 * time.Millisecond) // the call's way out
+		exited.Store(true)
+		done()
+	}()
+	if err := reg.Close(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if !exited.Load() {
+		t.Fatal("Close returned before the running call did")
+	}
+	if !errors.Is(context.Cause(ctx), locks.ErrClosed) {
+		t.Errorf("the call's context ended with %v, want ErrClosed", context.Cause(ctx))
+	}
+	late, lateDone := reg.Call(context.Background())
+	defer lateDone()
+	if late.Err() == nil {
+		t.Error("a Call after Close has a live context")
+	}
+}
+
+// TestReleaseBoundedByContextDuringRound: a Release whose ctx ends while
+// a renewal round with its lease hangs returns ctx's error without
+// waiting for the round; the broker is told of the release once the
+// round is over, in the background, and the lease is then forgotten.
+func TestReleaseBoundedByContextDuringRound(t *testing.T) {
+	inRound := make(chan struct{}, 1)
+	unblock := make(chan struct{})
+	reg, _ := driver.NewRegistry(driver.Config{Backend: "test", RenewEvery: time.Millisecond,
+		Renew: func(ctx context.Context, batch []*driver.Lease) []driver.Renewal {
+			select {
+			case inRound <- struct{}{}:
+			default:
+			}
+			<-unblock
+			return nil
+		}})
+	defer reg.Close(context.Background(), nil)
+	var roundOver, toldDuringRound atomic.Bool
+	told := make(chan error, 1)
+	l, err := reg.NewLease(context.Background(), driver.Spec{Name: "n", Release: func(ctx context.Context) error {
+		toldDuringRound.Store(!roundOver.Load())
+		told <- ctx.Err()
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-inRound
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	released := make(chan error, 1)
+	go func() { released <- l.Handle().Release(ctx) }()
+	select {
+	case err = <-released:
+	case <-time.After(5 * time.Second):
+		roundOver.Store(true)
+		close(unblock)
+		t.Fatalf("Release with a 50ms ctx still waits for a hung round after 5s (it returned %v once the round ended)", <-released)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Release during a hung round: %v, want context.DeadlineExceeded", err)
+	}
+	if n := len(reg.Leases()); n != 1 {
+		t.Errorf("%d leases registered while the round runs, want 1", n)
+	}
+	roundOver.Store(true)
+	close(unblock)
+	select {
+	case cerr := <-told:
+		if cerr != nil {
+			t.Errorf("the background release ran with an ended context: %v", cerr)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the broker was not told of the release 5s after the round ended")
+	}
+	if toldDuringRound.Load() {
+		t.Error("the broker was told of the release while the round still ran")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(reg.Leases()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the released lease still registered 5s after its round ended")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestReleaseInBackgroundThenClose: after a Release whose ctx ended
+// during a hung renewal round, a second Release returns the first one's
+// result at once, and a Close that follows ends the round, still tells
+// the broker of the release with a live context (the name is freed now,
+// not at the TTL), waits for it and returns its error.
+func TestReleaseInBackgroundThenClose(t *testing.T) {
+	inRound := make(chan struct{}, 1)
+	reg, _ := driver.NewRegistry(driver.Config{Backend: "test", RenewEvery: time.Millisecond,
+		Renew: func(ctx context.Context, batch []*driver.Lease) []driver.Renewal {
+			select {
+			case inRound <- struct{}{}:
+			default:
+			}
+			<-ctx.Done() // a round that hangs until Close cuts it short
+			return nil
+		}})
+	failed := errors.New("broker said no (test)")
+	var toldErr atomic.Value
+	var finished atomic.Bool
+	l, err := reg.NewLease(context.Background(), driver.Spec{Name: "n", Deadline: time.Now().Add(time.Minute),
+		Release: func(ctx context.Context) error {
+			toldErr.Store(fmt.Sprint(ctx.Err()))
+			time.Sleep(20 * time.Millisecond) // the broker's round trip
+			finished.Store(true)
+			return failed
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-inRound
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := l.Handle().Release(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Release during a hung round: %v, want DeadlineExceeded", err)
+	}
+	again := make(chan error, 1)
+	go func() { again <- l.Handle().Release(context.Background()) }()
+	select {
+	case err := <-again:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("second Release: %v, want the first one's result (DeadlineExceeded)", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("second Release still waits for the hung round after 2s")
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer ccancel()
+	cerr := reg.Close(cctx, nil)
+	if !finished.Load() {
+		t.Fatalf("Close returned (%v) before the background release finished", cerr)
+	}
+	if got := toldErr.Load(); got != "<nil>" {
+		t.Errorf("the background release ran with an ended context (%v): the broker frees the name only at the TTL", got)
+	}
+	if !errors.Is(cerr, failed) {
+		t.Errorf("Close = %v, want the error of the background release", cerr)
+	}
+}

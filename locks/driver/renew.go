@@ -79,7 +79,7 @@ func (r *Registry) renewRound(batch []*Lease) {
 			l.End(a.Err)
 			if a.Then != nil {
 				cleanups = append(cleanups, func() {
-					defer l.renewing.Done()
+					defer l.roundDone()
 					a.Then()
 				})
 				continue // its Done comes after the clean-up
@@ -88,7 +88,7 @@ func (r *Registry) renewRound(batch []*Lease) {
 			round.Failed++
 			r.events.Emit(Event{Kind: EventRenewFailed, Name: l.Name(), Token: l.Token(), Err: a.Err})
 		}
-		l.renewing.Done()
+		l.roundDone()
 	}
 	r.events.Emit(round)
 	for _, f := range cleanups {

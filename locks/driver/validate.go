@@ -26,7 +26,7 @@ func (r NameRule) Check(name string) error {
 		what = "name"
 	}
 	bad := func(why string, args ...any) error {
-		return fmt.Errorf("%w %q: %s %s", locks.ErrInvalidName, name, what, fmt.Sprintf(why, args...))
+		return fmt.Errorf("%w %s: %s %s", locks.ErrInvalidName, ShownName(name), what, fmt.Sprintf(why, args...))
 	}
 	switch {
 	case name == "":
@@ -43,7 +43,7 @@ func (r NameRule) Check(name string) error {
 	}
 	if r.Extra != nil {
 		if err := r.Extra(name); err != nil {
-			return fmt.Errorf("%w %q: %w", locks.ErrInvalidName, name, err)
+			return fmt.Errorf("%w %s: %w", locks.ErrInvalidName, ShownName(name), err)
 		}
 	}
 	return nil

@@ -1,6 +1,7 @@
 package driver_test
 
 import (
+	"context"
 	"errors"
 	"math"
 	"strings"
@@ -100,5 +101,71 @@ func TestHeldError(t *testing.T) {
 	want := `locks: not acquired: "jobs" is held by host-a (for up to 1.5s): key exists`
 	if err.Error() != want {
 		t.Fatalf("Error() = %q, want %q", err.Error(), want)
+	}
+}
+
+// TestNilContextIsAnError: Release and Close given a nil ctx return an
+// error matching ErrInvalidOption in the one shape, and do nothing, so a
+// call with a real ctx then works.
+func TestNilContextIsAnError(t *testing.T) {
+	reg, err := driver.NewRegistry(driver.Config{Backend: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{}, 1)
+	l, err := reg.NewLease(context.Background(), driver.Spec{Name: "jobs", Release: func(context.Context) error {
+		released <- struct{}{}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	//lint:ignore SA1012 the nil ctx is the input under test
+	err = l.Release(nil)
+	if !errors.Is(err, locks.ErrInvalidOption) || err.Error() != `test: release "jobs": locks: invalid option: nil ctx: pass a context (context.Background() if the call has none)` {
+		t.Fatalf("Release(nil) = %v, want ErrInvalidOption in the one shape", err)
+	}
+	if !l.Live() {
+		t.Fatal("Release(nil) ended the lease")
+	}
+	//lint:ignore SA1012 the nil ctx is the input under test
+	if err := reg.Close(nil, nil); !errors.Is(err, locks.ErrInvalidOption) {
+		t.Fatalf("Close(nil) = %v, want ErrInvalidOption", err)
+	}
+	if reg.Closed() {
+		t.Fatal("Close(nil) closed the registry")
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatalf("Release after Release(nil): %v", err)
+	}
+	select {
+	case <-released:
+	default:
+		t.Fatal("the lease was not released at the broker")
+	}
+	if err := reg.Close(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestShownNameCutsLongNames: names up to 200 bytes are quoted whole; a
+// longer one is cut at a rune's start, with its length, in Errorf's
+// messages and in NameRule's.
+func TestShownNameCutsLongNames(t *testing.T) {
+	if got := driver.ShownName("jobs"); got != `"jobs"` {
+		t.Fatalf("ShownName(jobs) = %s", got)
+	}
+	long := strings.Repeat("é", 1<<19) // 1 MiB, two bytes a rune
+	got := driver.ShownName(long)
+	if want := `"` + strings.Repeat("é", 100) + `"...(1048576 bytes)`; got != want {
+		t.Fatalf("ShownName of 1 MiB = %.60s…, want %.60s…", got, want)
+	}
+	err := driver.Errorf("test", "lock", long, errors.New("no"))
+	if n := len(err.Error()); n > 400 {
+		t.Fatalf("Errorf quoted a 1 MiB name in %d bytes", n)
+	}
+	err = driver.NameRule{MaxLen: 10}.Check(long)
+	if n := len(err.Error()); n > 400 || !errors.Is(err, locks.ErrInvalidName) {
+		t.Fatalf("NameRule.Check of a 1 MiB name: %d bytes, %v", n, errors.Is(err, locks.ErrInvalidName))
 	}
 }

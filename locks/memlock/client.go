@@ -81,6 +81,9 @@ func (c *Client) ID() string { return c.id }
 // [locks.ErrClosed]. It returns early, with an error matching ctx.Err(),
 // if ctx ends first. Close is idempotent.
 func (c *Client) Close(ctx context.Context) error {
+	if err := driver.CheckContext(ctx, backend, "close", ""); err != nil {
+		return err
+	}
 	if !c.setState(closed) {
 		return nil
 	}

@@ -26,6 +26,9 @@ func (c *Client) Locker() *Locker { return &Locker{c} }
 // When ctx ends first it returns an error matching ctx.Err(); when the
 // client is closed, one matching [locks.ErrClosed].
 func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
+	if err := driver.CheckContext(ctx, backend, "lock", name); err != nil {
+		return nil, err
+	}
 	if err := names.Check(name); err != nil {
 		return nil, driver.Errorf(backend, "lock", "", err)
 	}
@@ -35,6 +38,9 @@ func (l *Locker) Lock(ctx context.Context, name string) (locks.Lease, error) {
 
 // TryLock takes name if it is free; see [locks.Locker.TryLock].
 func (l *Locker) TryLock(ctx context.Context, name string) (locks.Lease, error) {
+	if err := driver.CheckContext(ctx, backend, "trylock", name); err != nil {
+		return nil, err
+	}
 	if err := names.Check(name); err != nil {
 		return nil, driver.Errorf(backend, "trylock", "", err)
 	}
@@ -75,6 +81,9 @@ func (c *Client) Semaphore(size int) (*Semaphore, error) {
 // matching ctx.Err(); when the client is closed, one matching
 // [locks.ErrClosed].
 func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, error) {
+	if err := driver.CheckContext(ctx, backend, "acquire", name); err != nil {
+		return nil, err
+	}
 	if err := names.Check(name); err != nil {
 		return nil, driver.Errorf(backend, "acquire", "", err)
 	}
@@ -85,6 +94,9 @@ func (s *Semaphore) Acquire(ctx context.Context, name string) (locks.Lease, erro
 // TryAcquire takes a free slot of name if there is one; see
 // [locks.Semaphore.TryAcquire].
 func (s *Semaphore) TryAcquire(ctx context.Context, name string) (locks.Lease, error) {
+	if err := driver.CheckContext(ctx, backend, "tryacquire", name); err != nil {
+		return nil, err
+	}
 	if err := names.Check(name); err != nil {
 		return nil, driver.Errorf(backend, "tryacquire", "", err)
 	}

@@ -5,6 +5,8 @@ go 1.26.0
 require (
 	github.com/latchkey-go/latchkey/contracttest v0.1.0
 	github.com/latchkey-go/latchkey/contracttest/testenv/natsenv v0.1.0
+	github.com/latchkey-go/latchkey/fence v0.1.0
+	github.com/latchkey-go/latchkey/fence/natsfence v0.1.0
 	github.com/latchkey-go/latchkey/locks v0.1.0
 	github.com/latchkey-go/latchkey/natsputex v0.1.0
 	github.com/nats-io/nats.go v1.55.0

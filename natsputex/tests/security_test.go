@@ -166,13 +166,13 @@ func TestNatslockTLSAndPassword(t *testing.T) {
 	withUser := func(pw string) string {
 		return strings.Replace(srv.URL(), "tls://", "tls://"+secUser+":"+pw+"@", 1)
 	}
-	p := startNatslock(t, bin, withUser(secPassword), "secure", "svc", "node-a", "-tlsca", certs.CAFile)
+	p := startNatslock(t, bin, withUser(secPassword), "secure", "svc", "node-a", "-tls-ca", certs.CAFile)
 	waitFor(t, 10*time.Second, "natslock over TLS starts its service", func() bool { return p.lastState() == "start" })
 	if strings.Contains(p.logs(), secPassword) {
 		t.Errorf("natslock's log shows the password:\n%s", p.logs())
 	}
 
-	cmd := exec.Command(bin, "-tlsca", certs.CAFile, withUser("wrong-"+secPassword), "secure", "svc", "node-b")
+	cmd := exec.Command(bin, "-tls-ca", certs.CAFile, withUser("wrong-"+secPassword), "secure", "svc", "node-b")
 	out, err := cmd.CombinedOutput()
 	if err == nil {
 		t.Fatalf("natslock with a wrong password exited 0:\n%s", out)
@@ -186,7 +186,8 @@ func TestNatslockTLSAndPassword(t *testing.T) {
 // TestNatslockCredentials runs natslock with --creds on a server in
 // operator mode: it starts the service, and its log shows neither the
 // user's seed nor its JWT; wrong credentials make it exit with status 1
-// and a clear error, with no secret in it.
+// and a clear error, with no secret in it; a missing file is a usage
+// error (64), found before natslock connects.
 func TestNatslockCredentials(t *testing.T) {
 	bin := buildNatslock(t)
 	op := natsenv.NewOperator(t)
@@ -202,9 +203,13 @@ func TestNatslockCredentials(t *testing.T) {
 
 	for _, bad := range badCreds(t, user) {
 		out, err := exec.Command(bin, "--creds", bad.file, srv.URL(), "secure", "svc", "node-b").CombinedOutput()
+		code := 1
+		if bad.want == fs.ErrNotExist {
+			code = 64
+		}
 		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-			t.Errorf("natslock with %s: %v, want exit status 1\n%s", bad.name, err, out)
+		if !errors.As(err, &exit) || exit.ExitCode() != code {
+			t.Errorf("natslock with %s: %v, want exit status %d\n%s", bad.name, err, code, out)
 			continue
 		}
 		t.Logf("natslock with %s: %s", bad.name, strings.TrimSpace(string(out)))

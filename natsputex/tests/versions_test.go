@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,7 +16,6 @@ import (
 
 	"github.com/latchkey-go/latchkey/contracttest"
 	"github.com/latchkey-go/latchkey/contracttest/testenv/natsenv"
-	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/natsputex"
 )
 
@@ -23,51 +24,33 @@ import (
 // program (2.9 on the reference machine) as a single node and as a
 // 3-node cluster, beside the embedded server's single node and cluster.
 
-// workload is the figures of a contention run: every grant checked
-// against the leases still live on its name and the tokens granted before.
+// workload is the figures of a contention run: every grant checked by
+// the grants of its name (no other lease on the name live, the token above
+// every earlier one).
 type workload struct {
-	mu         sync.Mutex
-	live       map[string]map[locks.Lease]bool
-	last       map[string]uint64
+	byName     map[string]*grants
 	grants     int
 	overlaps   int    // grants made while another lease on the name was live
 	outOfOrder int    // grants with a token not above the name's last
 	first      string // the first violation, described
 }
 
-// grant records lease on name, just granted.
-func (w *workload) grant(name string, lease locks.Lease) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.grants++
-	for other := range w.live[name] {
-		if other.Context().Err() == nil {
-			w.overlaps++
-			if w.first == "" {
-				w.first = fmt.Sprintf("%q granted with token %d while the lease with token %d was live", name, lease.Token(), other.Token())
-			}
+// sum gathers the figures of every name's grants.
+func (w *workload) sum() {
+	for _, name := range slices.Sorted(maps.Keys(w.byName)) {
+		g := w.byName[name]
+		g.mu.Lock()
+		w.grants += len(g.leases)
+		w.overlaps += g.overlaps
+		w.outOfOrder += g.outOfOrder
+		if w.first == "" && len(g.bad) > 0 {
+			w.first = g.bad[0]
 		}
+		g.mu.Unlock()
 	}
-	if tok := lease.Token(); tok <= w.last[name] {
-		w.outOfOrder++
-		if w.first == "" {
-			w.first = fmt.Sprintf("%q granted with token %d after token %d", name, tok, w.last[name])
-		}
-	} else {
-		w.last[name] = tok
-	}
-	w.live[name][lease] = true
-}
-
-func (w *workload) done(name string, lease locks.Lease) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	delete(w.live[name], lease)
 }
 
 func (w *workload) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	s := fmt.Sprintf("%d grants, %d overlapping a live lease, %d with a token out of order", w.grants, w.overlaps, w.outOfOrder)
 	if w.first != "" {
 		s += "; first: " + w.first
@@ -80,9 +63,9 @@ func (w *workload) String() string {
 // lease a few milliseconds, and returns the figures.
 func contendFor(t *testing.T, urls, bucket string, d time.Duration, procs, goroutines int, names []string, opts ...natsputex.Option) *workload {
 	t.Helper()
-	w := &workload{live: map[string]map[locks.Lease]bool{}, last: map[string]uint64{}}
+	w := &workload{byName: map[string]*grants{}}
 	for _, n := range names {
-		w.live[n] = map[locks.Lease]bool{}
+		w.byName[n] = newGrants()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -105,17 +88,17 @@ func contendFor(t *testing.T, urls, bucket string, d time.Duration, procs, gorou
 						}
 						continue
 					}
-					w.grant(name, lease)
+					w.byName[name].grant(name, lease)
 					time.Sleep(time.Duration(rand.IntN(10)) * time.Millisecond)
 					rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 					_ = lease.Release(rctx)
 					rcancel()
-					w.done(name, lease)
 				}
 			})
 		}
 	}
 	wg.Wait()
+	w.sum()
 	if len(errs) > 0 {
 		t.Logf("%d Lock calls failed (the workload goes on), first: %v", len(errs), errs[0])
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +12,116 @@ import (
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
 	"github.com/latchkey-go/latchkey/redlockprio"
 )
+
+// mixedClient is one contender of TestMixedClientsUnderMasterFaults.
+type mixedClient struct {
+	who       string
+	ttl       time.Duration
+	drift     float64
+	prio      int
+	callTO    time.Duration // 0: the default
+	immediate bool
+}
+
+// TestMixedClientsUnderMasterFaults: five Lockers on one name and 3 masters,
+// each through its own proxies, with different TTLs (300ms to 1.5s),
+// drift factors (0 to 0.1), priorities (0 to 3), call timeouts and
+// acknowledgement modes, loop Lock → work → Release for 8s. Holders with
+// WithImmediateAck stop writing when their context ends; the others write
+// until they Release (or their validity ends), as the docs allow. Every
+// ~500ms a fault: a master paused for 150ms, one client's replies from a
+// master delayed by 80ms for 300ms, or dropped for 300ms. Checked: no
+// write after a later holder's grant (one monotonic clock), tokens
+// strictly increasing in grant order, no context ending after its
+// validity deadline. Logged: grants per contender.
+func TestMixedClientsUnderMasterFaults(t *testing.T) {
+	servers := testenv.StartRedis(t, 3)
+	addrs := addrsOf(servers)
+	hist := contracttest.NewWriteHistory()
+	cfg := []mixedClient{
+		{"p0-600ms", 600 * time.Millisecond, 0.01, 0, 0, false},
+		{"p1-1.5s-imm", 1500 * time.Millisecond, 0.05, 1, 0, true},
+		{"p2-400ms-cto50", 400 * time.Millisecond, 0.1, 2, 50 * time.Millisecond, false},
+		{"p0-800ms-imm", 800 * time.Millisecond, 0, 0, 0, true},
+		{"p3-300ms", 300 * time.Millisecond, 0.01, 3, 0, false},
+	}
+	name := uniqueName(t)
+	var lockers []*client
+	for _, m := range cfg {
+		more := []redlockprio.Option{}
+		if m.callTO > 0 {
+			more = append(more, redlockprio.WithCallTimeout(m.callTO))
+		}
+		if m.immediate {
+			more = append(more, redlockprio.WithImmediateAck())
+		}
+		lockers = append(lockers, mustClient(t, addrs, viaProxies(), withTiming(m.ttl, m.drift), withPriority(m.prio), with(more...)))
+	}
+	runFor := 8 * time.Second
+	end := time.Now().Add(runFor)
+	var wg sync.WaitGroup
+	grants := make([]int, len(cfg))
+	errs := make([]int, len(cfg))
+	for i, m := range cfg {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				l, err := lockers[i].l.Lock(ctx, name)
+				cancel()
+				if err != nil {
+					errs[i]++
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				grants[i]++
+				s := hist.Begin(m.who, l)
+				stop := make(chan struct{})
+				go func() {
+					time.Sleep(time.Duration(10+rand.IntN(50)) * time.Millisecond)
+					close(stop)
+				}()
+				if m.immediate {
+					s.WriteWhileLive(stop)
+				} else {
+					s.WriteUntilDeadline(stop)
+				}
+				s.LetGo()
+				_ = l.Release(context.Background())
+				time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+			}
+		})
+	}
+	faults := 0
+	for time.Now().Add(600 * time.Millisecond).Before(end) {
+		time.Sleep(time.Duration(300+rand.IntN(300)) * time.Millisecond)
+		k := rand.IntN(3)
+		px := lockers[rand.IntN(len(lockers))].proxies[k]
+		switch faults % 3 {
+		case 0:
+			_ = servers[k].Pause()
+			time.Sleep(150 * time.Millisecond)
+			_ = servers[k].Resume()
+		case 1:
+			px.DelayReplies(80 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond)
+			px.Restore()
+		case 2:
+			px.DropReplies()
+			time.Sleep(300 * time.Millisecond)
+			px.Restore()
+		}
+		faults++
+	}
+	wg.Wait()
+	for i, m := range cfg {
+		t.Logf("%-16s grants %4d, failed Locks %d", m.who, grants[i], errs[i])
+	}
+	t.Logf("%d faults, %d sections", faults, len(hist.Records()))
+	if err := hist.Check(); err != nil {
+		t.Logf("sections:\n%v", hist)
+		t.Error(err)
+	}
+}
 
 // The ranges the chaos clients' options are drawn from.
 const (
@@ -36,7 +147,7 @@ func TestChaos(t *testing.T) {
 	// setup the package doc asks of masters that may crash (one that comes
 	// back empty forgets its counters however long it was down, and can
 	// repeat a token: TestMajorityRestartedEmptyAllowsDoubleGrant and
-	// TestAttack2BareQuorumSingleRestart show those limits).
+	// TestBareQuorumLeaseLostToOneEmptyRestart show those limits).
 	servers := testenv.StartRedisWith(t, 3, testenv.RedisConfig{
 		Args: []string{"--appendonly", "yes", "--appendfsync", "always"},
 	})

@@ -84,8 +84,8 @@ func TestEventsQuorumTheftAckWait(t *testing.T) {
 		t.Errorf("the Semaphore saw %d quorum events, the Locker %d: both observe the Client", n, len(masters))
 	}
 
-	low := mustClient(t, addrs, redlockprio.WithPriority(1))
-	high := mustClient(t, addrs, redlockprio.WithPriority(2))
+	low := mustClient(t, addrs, withPriority(1))
+	high := mustClient(t, addrs, withPriority(2))
 	highEvs := observe(t, high.l)
 	victim, err := low.l.TryLock(ctx, name)
 	if err != nil {

@@ -4,6 +4,8 @@ go 1.26.0
 
 require (
 	github.com/latchkey-go/latchkey/contracttest v0.1.0
+	github.com/latchkey-go/latchkey/fence v0.1.0
+	github.com/latchkey-go/latchkey/fence/redisfence v0.1.0
 	github.com/latchkey-go/latchkey/locks v0.1.0
 	github.com/latchkey-go/latchkey/redlockprio v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0

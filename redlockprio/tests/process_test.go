@@ -47,7 +47,7 @@ func newChildLocker(context.Context) (locks.Locker, func() error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return c.Locker(), c.Close, nil
+	return c.Locker(), func() error { return c.Close(context.Background()) }, nil
 }
 
 // TestTheftFromPausedVictimProcess: a victim that cannot answer because its
@@ -78,7 +78,7 @@ func TestTheftFromPausedVictimProcess(t *testing.T) {
 		}
 	}
 
-	high := mustClient(t, addrs, redlockprio.WithPriority(5))
+	high := mustClient(t, addrs, withPriority(5))
 	ctx := ctxFor(t, 10*time.Second)
 	thief, err := high.l.Lock(ctx, name)
 	if err != nil {

@@ -22,8 +22,8 @@ func acquire(ctx context.Context, c *amqpsem.Client, cfg *config, stdout, stderr
 	name := cfg.name
 	s, err := c.Semaphore(amqpsem.MaxSemaphoreSize) // any slot the broker has
 	if err != nil {
-		logger.Error("failed", slog.String("error", message(err)))
-		return exitUsage
+		logger.Error("failed", slog.String("error", cfg.message(err)))
+		return exitError
 	}
 	// Signals while waiting cancel the wait; then they go to CMD.
 	sigs := command.CatchSignals()
@@ -32,19 +32,28 @@ func acquire(ctx context.Context, c *amqpsem.Client, cfg *config, stdout, stderr
 	if err != nil {
 		if errors.Is(err, amqpsem.ErrNoSlots) {
 			// The library's message speaks of Admins and WithCreate.
-			msg := strings.SplitN(message(err), " (", 2)[0]
-			logger.Error("failed: create it first (amqpsem create "+name+" SLOTS), or check the name and --layout", slog.String("error", msg))
+			msg := strings.SplitN(cfg.message(err), " (", 2)[0]
+			logger.Error("failed: create it first (amqpsem create "+command.ShortName(name)+" SLOTS), or check the name and --layout", slog.String("error", msg))
 			return exitError
 		}
-		logger.Error("failed", slog.String("error", message(err)))
-		return code(err)
+		if errors.Is(err, locks.ErrNotAcquired) {
+			// The expected outcome of --try: not an error.
+			logger.Info("not acquired: every slot is held")
+			return exitNotAcquired
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			logger.Warn("not acquired: --timeout passed", slog.String("error", cfg.message(err)))
+			return exitNotAcquired
+		}
+		logger.Error("failed", slog.String("error", cfg.message(err)))
+		return afterIO(err)
 	}
 	defer lease.Release(context.Background())
 	slot := lease.(locks.SlotLease).Slot()
 
 	reaper, err := command.StartReaper("amqpsem", "")
 	if err != nil {
-		logger.Warn("no reaper: an amqpsem killed outright leaves its command running", slog.Int("slot", slot), slog.String("error", message(err)))
+		logger.Warn("no reaper: an amqpsem killed outright leaves its command running", slog.Int("slot", slot), slog.String("error", cfg.message(err)))
 	}
 	defer reaper.Close()
 	cmd := exec.Command(cfg.rest[0], cfg.rest[1:]...)
@@ -56,9 +65,9 @@ func acquire(ctx context.Context, c *amqpsem.Client, cfg *config, stdout, stderr
 	})
 	switch {
 	case exit == exitLost:
-		logger.Error("slot lost while the command ran", slog.Int("slot", slot), slog.String("error", message(context.Cause(lease.Context()))))
+		logger.Error("slot lost while the command ran", slog.Int("slot", slot), slog.String("error", cfg.message(context.Cause(lease.Context()))))
 	case err != nil:
-		logger.Error("running the command failed", slog.Int("slot", slot), slog.String("error", message(err)))
+		logger.Error("running the command failed", slog.Int("slot", slot), slog.String("error", cfg.message(err)))
 	}
 	return exit
 }

@@ -8,24 +8,35 @@ import (
 	"strings"
 
 	"github.com/latchkey-go/latchkey/amqpsem"
+	"github.com/latchkey-go/latchkey/locks/command"
 )
 
 // administer runs the administration verbs: create, resize, destroy,
 // status and wait.
 func administer(ctx context.Context, a *amqpsem.Admin, cfg *config, stdout io.Writer, fail func(int, string, ...any) int) int {
-	name := cfg.name
+	name := command.ShortName(cfg.name)
 	var err error
 	switch cfg.verb {
 	case "create":
-		err = a.Create(ctx, name, cfg.slots)
+		err = a.Create(ctx, cfg.name, cfg.slots)
 		if err == nil {
 			fmt.Fprintf(stdout, "created %s with %s\n", name, count(cfg.slots))
 		}
 	case "resize":
-		err = resize(ctx, a, cfg, stdout)
+		var exists bool
+		if exists, err = existing(ctx, a, cfg); err == nil && !exists {
+			msg := missing(ctx, a, cfg)
+			if !strings.Contains(msg, "--layout") {
+				msg += fmt.Sprintf(": create it first (amqpsem create %s SLOTS), or resize with --create", name)
+			}
+			return fail(exitError, "%s", msg)
+		}
+		if err == nil {
+			err = resize(ctx, a, cfg, stdout)
+		}
 	case "destroy":
 		var n int
-		n, err = a.Destroy(ctx, name)
+		n, err = a.Destroy(ctx, cfg.name)
 		if err == nil && n == 0 {
 			return fail(exitError, "%s", missing(ctx, a, cfg))
 		}
@@ -34,7 +45,7 @@ func administer(ctx context.Context, a *amqpsem.Admin, cfg *config, stdout io.Wr
 		}
 	case "status":
 		var st amqpsem.Status
-		st, err = a.Status(ctx, name)
+		st, err = a.Status(ctx, cfg.name)
 		if err == nil && st.Slots == 0 && len(st.Removed) == 0 {
 			return fail(exitError, "%s", missing(ctx, a, cfg))
 		}
@@ -42,14 +53,25 @@ func administer(ctx context.Context, a *amqpsem.Admin, cfg *config, stdout io.Wr
 			printStatus(stdout, name, st)
 		}
 	case "wait":
-		if err = a.WaitReleased(ctx, name); err == nil {
+		if err = a.WaitReleased(ctx, cfg.name); err == nil {
 			fmt.Fprintf(stdout, "no removed slot of %s is held (every slot number checked)\n", name)
 		}
 	}
 	if err != nil {
-		return fail(code(err), "%s", message(err))
+		return fail(afterIO(err), "%s", cfg.message(err))
 	}
 	return exitOK
+}
+
+// existing reports whether the semaphore to resize exists, or may be
+// created (--create). It is a snapshot taken before the change: a
+// destroy between the two is not seen.
+func existing(ctx context.Context, a *amqpsem.Admin, cfg *config) (bool, error) {
+	if cfg.create {
+		return true, nil
+	}
+	n, err := a.Max(ctx, cfg.name)
+	return n > 0, err
 }
 
 // resize adds, removes or sets the slots as cfg says.
@@ -65,7 +87,7 @@ func resize(ctx context.Context, a *amqpsem.Admin, cfg *config, stdout io.Writer
 		ch, err = a.Resize(ctx, cfg.name, cfg.slots)
 	}
 	if err == nil {
-		fmt.Fprintf(stdout, "resized %s from %d to %s\n", cfg.name, ch.Before, count(ch.After))
+		fmt.Fprintf(stdout, "resized %s from %d to %s\n", command.ShortName(cfg.name), ch.Before, count(ch.After))
 	}
 	return err
 }
@@ -73,7 +95,7 @@ func resize(ctx context.Context, a *amqpsem.Admin, cfg *config, stdout io.Writer
 // missing explains a name without slots in this layout.
 func missing(ctx context.Context, a *amqpsem.Admin, cfg *config) string {
 	name, lay := cfg.name, cfg.lay
-	msg := fmt.Sprintf("no semaphore %s in the %s layout (no slot queue %q)", name, lay.Name, lay.Slot(name, 1))
+	msg := fmt.Sprintf("no semaphore %s in the %s layout (no slot queue %q)", command.ShortName(name), lay.Name, command.ShortName(lay.Slot(name, 1)))
 	if others, err := a.OtherLayouts(ctx, name); err == nil && len(others) > 0 {
 		msg += fmt.Sprintf("; it is a semaphore of the %s layout: use --layout %s", strings.Join(others, " and "), others[0])
 	}

@@ -3,10 +3,8 @@ package main
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -29,18 +27,19 @@ type config struct {
 	grace      time.Duration
 	logFormat  string // text or json
 	try        bool
+	create     bool // resize: create a semaphore that does not exist
 	slots      int  // create, resize: the count
 	delta      byte // resize: '+', '-' or 0
 }
 
 // flags are the command line's flags.
 type flags struct {
-	url, layout, logFormat            *string
-	timeout, connectTimeout           *time.Duration
-	heartbeat, grace                  *time.Duration
-	try, ascending, tlsNoCheck        *bool
-	overshoot                         *int
-	tlsCA, tlsCert, tlsKey, tlsServer *string
+	url, layout, logFormat             *string
+	timeout, connectTimeout            *time.Duration
+	heartbeat, grace                   *time.Duration
+	try, ascending, tlsNoCheck, create *bool
+	overshoot                          *int
+	tlsCA, tlsCert, tlsKey, tlsServer  *string
 }
 
 // newFlags defines the flags in fs.
@@ -66,27 +65,20 @@ func newFlags(fs *flag.FlagSet) *flags {
 		tlsNoCheck:     fs.Bool("tls-insecure", false, "do not verify the server's certificate (amqps; testing only)"),
 		grace:          fs.Duration("grace", 10*time.Second, "acquire: when the slot is lost, how long CMD has to exit after SIGTERM before SIGKILL"),
 		logFormat:      fs.String("log-format", "text", "format of the messages on standard error (usage errors aside): text or json"),
+		create:         fs.Bool("create", false, "resize: create the semaphore if it does not exist"),
 	}
 	_ = fs.Int("beyond", 0, "ignored: status and wait check every slot number (kept for old scripts)")
 	return f
 }
 
 // parse reads the command line and checks it before any I/O. It returns
-// nil and the exit code when amqpsem must not go on: --help, or a usage
-// error, reported with fail.
-func parse(args []string, stderr io.Writer, fail func(int, string, ...any) int) (*config, int) {
+// nil and the exit code when amqpsem must not go on: --help, --version,
+// or a usage error, reported with fail.
+func parse(cli *command.CLI, args []string, fail func(int, string, ...any) int) (*config, int) {
 	fs := flag.NewFlagSet("amqpsem", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-	}
 	f := newFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, exitOK
-		}
-		return nil, exitUsage
+	if code, done := cli.Parse(fs, args); done {
+		return nil, code
 	}
 	cfg, code := parseVerb(fs.Args(), fail)
 	if cfg == nil {
@@ -101,12 +93,12 @@ func parse(args []string, stderr io.Writer, fail func(int, string, ...any) int) 
 // parseVerb reads the verb and NAME.
 func parseVerb(rest []string, fail func(int, string, ...any) int) (*config, int) {
 	if len(rest) == 0 {
-		return nil, fail(exitUsage, "no command: want %s (see amqpsem --help)", verbList)
+		return nil, fail(exitUsage, "no command: want %s", verbList)
 	}
 	verb := rest[0]
 	synopsis, ok := verbs[verb]
 	if !ok {
-		return nil, fail(exitUsage, "unknown command %q: want %s (see amqpsem --help)", verb, verbList)
+		return nil, fail(exitUsage, "unknown command %q: want %s", verb, verbList)
 	}
 	if len(rest) < 2 || rest[1] == "--" {
 		return nil, fail(exitUsage, "%s: missing NAME: usage: amqpsem [flags] %s", verb, synopsis)
@@ -123,7 +115,7 @@ func (cfg *config) apply(f *flags, fail func(int, string, ...any) int) int {
 	if cfg.url == "" {
 		cfg.url = defaultURL
 	}
-	cfg.timeout, cfg.grace, cfg.try = *f.timeout, *f.grace, *f.try
+	cfg.timeout, cfg.grace, cfg.try, cfg.create = *f.timeout, *f.grace, *f.try, *f.create
 	cfg.opts = []amqpsem.Option{
 		amqpsem.WithHeartbeat(*f.heartbeat), amqpsem.WithOvershoot(*f.overshoot),
 		amqpsem.WithAscendingDelete(*f.ascending), amqpsem.WithConnectionName(connName("amqpsem " + cfg.verb + " " + cfg.name)),
@@ -138,7 +130,7 @@ func (cfg *config) apply(f *flags, fail func(int, string, ...any) int) int {
 		return fail(exitUsage, "unknown layout %q: want \"default\" or \"python\"", *f.layout)
 	}
 	if err := cfg.lay.CheckName(cfg.name); err != nil {
-		return fail(exitUsage, "%s", message(err))
+		return fail(exitUsage, "%s", cfg.message(err))
 	}
 	switch {
 	case *f.timeout < 0:
@@ -161,6 +153,9 @@ func (cfg *config) applyTLS(f *flags, fail func(int, string, ...any) int) int {
 	uri, err := amqp.ParseURI(cfg.url)
 	if err != nil {
 		return fail(exitUsage, "--url %s: %s", amqpsem.RedactURL(cfg.url), amqpsem.RedactURLsIn(err.Error(), cfg.url))
+	}
+	if uri.Port < 1 || uri.Port > 65535 {
+		return fail(exitUsage, "--url %s: bad port %d", amqpsem.RedactURL(cfg.url), uri.Port)
 	}
 	if *f.tlsCA == "" && *f.tlsCert == "" && *f.tlsKey == "" && *f.tlsServer == "" && !*f.tlsNoCheck {
 		return exitOK
@@ -187,18 +182,18 @@ func (cfg *config) checkVerbArgs(fail func(int, string, ...any) int) int {
 		if len(rest) != 1 {
 			return fail(exitUsage, "%s: want one count: usage: amqpsem [flags] %s", verb, synopsis)
 		}
-		arg := rest[0]
-		if verb == "resize" && (strings.HasPrefix(arg, "+") || strings.HasPrefix(arg, "-")) {
-			cfg.delta, arg = arg[0], arg[1:]
+		n, delta, ok := parseCount(rest[0], verb == "resize")
+		if !ok || n == 0 && (verb == "create" || delta != 0) {
+			want := "a positive number of slots"
+			if verb == "resize" {
+				want = "+N (add N), -N (remove N) or N (set N), N a number"
+			}
+			return fail(exitUsage, "%s: bad slot count %q: want %s", verb, rest[0], want)
 		}
-		n, err := strconv.Atoi(arg)
-		if err != nil || n < 0 || n == 0 && (verb == "create" || cfg.delta != 0) {
-			return fail(exitUsage, "%s: bad slot count %q", verb, rest[0])
+		if limit := cfg.lay.SlotLimit(cfg.name); n > limit && delta != '-' {
+			return fail(exitUsage, "%s: %q can have at most %d slots in the %s layout, got %d", verb, command.ShortName(cfg.name), limit, cfg.lay.Name, n)
 		}
-		if limit := cfg.lay.SlotLimit(cfg.name); n > limit && cfg.delta != '-' {
-			return fail(exitUsage, "%s: %q can have at most %d slots in the %s layout, got %d", verb, cfg.name, limit, cfg.lay.Name, n)
-		}
-		cfg.slots = n
+		cfg.slots, cfg.delta = n, delta
 	case "destroy", "status", "wait":
 		if len(rest) != 0 {
 			return fail(exitUsage, "%s: unexpected arguments %q: usage: amqpsem [flags] %s", verb, rest, synopsis)
@@ -209,7 +204,25 @@ func (cfg *config) checkVerbArgs(fail func(int, string, ...any) int) int {
 		}
 		cfg.rest = rest[1:]
 	}
+	if cfg.create && verb != "resize" {
+		return fail(exitUsage, "--create is for resize, not %s", verb)
+	}
 	return exitOK
+}
+
+// parseCount parses a slot count: digits only, and with signed, one
+// leading '+' or '-' (the delta it returns). A second sign, spaces or
+// anything else make ok false.
+func parseCount(arg string, signed bool) (n int, delta byte, ok bool) {
+	digits := arg
+	if signed && len(arg) > 0 && (arg[0] == '+' || arg[0] == '-') {
+		delta, digits = arg[0], arg[1:]
+	}
+	if digits == "" || len(digits) > 9 || strings.TrimLeft(digits, "0123456789") != "" {
+		return 0, 0, false
+	}
+	n, err := strconv.Atoi(digits)
+	return n, delta, err == nil
 }
 
 // connName cuts s to the longest connection name, 255 bytes.

@@ -64,7 +64,7 @@ func TestCommand(t *testing.T) {
 
 	expect(0, "Usage:", "--help")
 	expect(0, "-log-format", "--help")
-	expect(0, "64 usage error", "--help")
+	expect(0, "Exit codes", "--help")
 	expect(64, "missing NAME", "status")
 	expect(64, "bad slot count", "create", name, "0")
 	expect(64, "invalid name", "create", "amq.nope", "2")
@@ -121,7 +121,8 @@ func TestCommand(t *testing.T) {
 	expect(0, "no removed slot", "--timeout", "10s", "wait", name)
 	expect(0, "from 1 to 3 slots", "resize", name, "+2")
 	expect(0, "from 3 to 2 slots", "resize", name, "2")
-	expect(64, "", "resize", name, "-5")
+	// Found once the broker answered: an error, not a usage error.
+	expect(1, "cannot remove 5 slots of 2", "resize", name, "-5")
 	expect(0, "destroyed "+name+" (2 slots)", "destroy", name)
 	expect(0, "no removed slot", "--timeout", "30s", "wait", name)
 	expect(1, "no semaphore", "status", name)

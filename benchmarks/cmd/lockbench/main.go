@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -53,6 +54,14 @@ Scenarios:
   uncontended  one client, one name: latency of Lock + Release
   contended    --workers clients on one name, a 100µs critical section each:
                hand-offs per second (latencies are the waits in Lock)
+  waiters      contended at each of --waiters client counts (8, 64, 256, 1000),
+               reported as waiters/<count>: hand-offs/s, hand-offs to another
+               client/s, p50/p99 and longest wait, the busiest client's
+               share and broker operations per hand-off; the clients run
+               in ⌈count / --waiters-per-process⌉ worker processes (lockbench
+               itself), so that no one scheduler limits a thousand waiters
+               (the RabbitMQ systems, one connection per client, skip counts
+               above --amqp-connections: RabbitMQ's stock socket limit is 832)
   handoff      two clients: time from just before the holder's Release to
                the moment the blocked waiter's Lock returns (monotonic clock)
   semaphore    a semaphore of 8 with 7 slots held by other clients: latency
@@ -101,7 +110,33 @@ Flags:
 `
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == workerFlag {
+		os.Exit(serveWorker())
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// workerFlag, hidden, makes lockbench a worker process of the waiters
+// scenario: it speaks JSON with its parent on stdin and stdout.
+const workerFlag = "--waiters-worker"
+
+func serveWorker() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := benchmarks.ServeWorker(ctx, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "lockbench worker: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// workerCommand runs this program as a worker process.
+func workerCommand(ctx context.Context) *exec.Cmd {
+	self, err := os.Executable()
+	if err != nil {
+		self = os.Args[0]
+	}
+	return exec.CommandContext(ctx, self, workerFlag)
 }
 
 // flags are lockbench's command line.
@@ -110,6 +145,10 @@ type flags struct {
 	duration, ttl   time.Duration
 	rounds, workers int
 	leases          int
+	waiters         string
+	perProcess      int
+	amqpConns       int
+	waiterCounts    []int
 	jsonOut, svgOut string
 	list, otel      bool
 	entries         []benchmarks.Entry // what only selects
@@ -127,6 +166,9 @@ func parseFlags(args []string, stderr io.Writer) (f flags, code int, ok bool) {
 	fs.IntVar(&f.rounds, "rounds", 1, "run everything this many times, the systems in another order each round, and report each pair's median round")
 	fs.IntVar(&f.workers, "workers", 8, "clients in the contended scenario (and acquiring goroutines in many)")
 	fs.IntVar(&f.leases, "leases", 10000, "leases held in the many scenario")
+	fs.StringVar(&f.waiters, "waiters", "8,64,256,1000", "client counts of the waiters scenario, comma-separated")
+	fs.IntVar(&f.amqpConns, "amqp-connections", benchmarks.DefaultAMQPConnections, "most RabbitMQ connections a run opens (one per client): larger waiter counts skip the RabbitMQ systems")
+	fs.IntVar(&f.perProcess, "waiters-per-process", benchmarks.DefaultPerProcess, "most clients of the waiters scenario in one worker process")
 	fs.DurationVar(&f.ttl, "ttl", benchmarks.DefaultTTL, "lease TTL of the systems with TTLs (renewed every third)")
 	fs.StringVar(&f.jsonOut, "json", "", "write the results as JSON to `FILE`")
 	fs.StringVar(&f.svgOut, "svg", "", "write a chart as SVG to `FILE`")
@@ -161,8 +203,12 @@ func parseFlags(args []string, stderr io.Writer) (f flags, code int, ok bool) {
 		fmt.Fprintf(stderr, "lockbench: --scenarios: %v\n", err)
 		return f, 2, false
 	}
-	if f.duration <= 0 || f.workers < 2 || f.leases < 1 || f.ttl <= 0 || f.rounds < 1 {
-		fmt.Fprintln(stderr, "lockbench: --duration and --ttl must be > 0, --workers >= 2, --leases >= 1, --rounds >= 1")
+	if f.duration <= 0 || f.workers < 2 || f.leases < 1 || f.ttl <= 0 || f.rounds < 1 || f.perProcess < 1 {
+		fmt.Fprintln(stderr, "lockbench: --duration and --ttl must be > 0, --workers >= 2, --leases >= 1, --rounds >= 1, --waiters-per-process >= 1")
+		return f, 2, false
+	}
+	if f.waiterCounts, err = benchmarks.ParseWaiters(f.waiters); err != nil {
+		fmt.Fprintf(stderr, "lockbench: --waiters: %v\n", err)
 		return f, 2, false
 	}
 	return f, 0, true
@@ -188,7 +234,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	runnable, leftOut := bk.runnable(f.entries, logf)
 	rtt, idleRTT := measureRTT(ctx, env, logf)
 
-	p := benchmarks.Params{Duration: f.duration, Workers: f.workers, Leases: f.leases, Rounds: f.rounds}
+	p := benchmarks.Params{Duration: f.duration, Workers: f.workers, Leases: f.leases, Rounds: f.rounds,
+		Waiters: f.waiterCounts, AMQPConnections: f.amqpConns, Spread: &benchmarks.Spread{Command: workerCommand, PerProcess: f.perProcess, Env: env}}
 	start := time.Now()
 	rep, runErr := benchmarks.RunAll(ctx, env, runnable, f.scenarioList, p, stderr)
 	rep.Skipped = append(leftOut, rep.Skipped...)
@@ -197,7 +244,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rep.Machine.Params = map[string]string{
 		"duration": f.duration.String(), "workers": fmt.Sprint(f.workers), "leases": fmt.Sprint(f.leases),
 		"ttl": f.ttl.String(), "rounds": fmt.Sprint(f.rounds), "only": f.only, "otel": fmt.Sprint(f.otel), "scenarios": strings.Join(f.scenarioList, ","),
-		"hold": "100µs", "semaphore_size": "8",
+		"hold": "100µs", "semaphore_size": "8", "waiters": f.waiters, "waiters_per_process": fmt.Sprint(f.perProcess), "amqp_connections": fmt.Sprint(f.amqpConns),
 	}
 	logf("lockbench: done in %v", time.Since(start).Round(time.Second))
 

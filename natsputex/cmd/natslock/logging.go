@@ -70,7 +70,7 @@ func eventLogger(logger *slog.Logger) func(natsputex.Event) {
 			attrs = append(attrs, slog.Uint64("revision", e.Revision))
 		}
 		if e.Err != nil {
-			attrs = append(attrs, slog.String("error", e.Err.Error()))
+			attrs = append(attrs, slog.String("error", connCause(e.Err)))
 		}
 		logger.LogAttrs(context.Background(), level, e.Msg, attrs...)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,7 +45,8 @@ func supervise(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	}
 	nc, err := nats.Connect(cfg.url, connHandlers(ctx, cfg, logger, closed)...)
 	if err != nil {
-		return err
+		// nats.go's "no servers available for connection" names none.
+		return fmt.Errorf("connect to %s: %w", redactURLs(cfg.url), err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -88,13 +90,23 @@ func connHandlers(ctx context.Context, cfg *config, logger *slog.Logger, closed 
 			if ctx.Err() == nil {
 				attrs := []slog.Attr{}
 				if err != nil {
-					attrs = append(attrs, slog.String("error", err.Error()))
+					attrs = append(attrs, slog.String("error", disconnectCause(err)))
 				}
 				logger.LogAttrs(ctx, slog.LevelWarn, "disconnected from NATS", attrs...)
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			logger.Log(ctx, levelNotice, "reconnected to NATS", slog.String("url", nc.ConnectedUrlRedacted()))
+		}),
+		// nats.go writes asynchronous errors (a slow consumer, a
+		// permission violation) straight to standard error by default:
+		// they go through the logger instead.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			attrs := []slog.Attr{slog.String("source", "nats.go"), slog.String("error", err.Error())}
+			if sub != nil {
+				attrs = append(attrs, slog.String("subject", sub.Subject))
+			}
+			logger.LogAttrs(ctx, slog.LevelWarn, "NATS asynchronous error", attrs...)
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
 			if ctx.Err() == nil {
@@ -149,4 +161,37 @@ func watchKey(ctx context.Context, js jetstream.JetStream, cfg *config, st *stat
 		return err
 	}
 	return st.watchRenewals(ctx, kv)
+}
+
+// disconnectCause says why the connection was lost, for the log. A write
+// that found the connection gone gives nats.go's "outbound buffer limit
+// exceeded", as natslock buffers no write while reconnecting
+// (ReconnectBufSize -1): that is the write's failure, not the cause.
+func disconnectCause(err error) string {
+	if errors.Is(err, nats.ErrReconnectBufExceeded) {
+		return "the connection was lost (a write found it gone)"
+	}
+	return err.Error()
+}
+
+// connCause is err's text for the log, with nats.go's "outbound buffer
+// limit exceeded" said as what it means here: natsputex's connections
+// keep no reconnect buffer, so a write gets that error whenever the
+// connection is gone.
+func connCause(err error) string {
+	msg := err.Error()
+	if errors.Is(err, nats.ErrReconnectBufExceeded) || strings.Contains(msg, nats.ErrReconnectBufExceeded.Error()) {
+		msg = strings.Replace(msg, nats.ErrReconnectBufExceeded.Error(), "not connected to NATS (the connection was lost)", 1)
+	}
+	return msg
+}
+
+// redactURLs returns the comma-separated URLs with their passwords
+// replaced by "xxxxx".
+func redactURLs(urls string) string {
+	var out []string
+	for u := range strings.SplitSeq(urls, ",") {
+		out = append(out, redactURL(strings.TrimSpace(u)))
+	}
+	return strings.Join(out, ",")
 }

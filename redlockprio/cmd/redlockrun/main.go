@@ -7,6 +7,13 @@
 //	redlockrun [flags] NAME -- COMMAND [ARG...]
 //
 // Run "redlockrun --help" for the flags, an example and the exit codes.
+//
+// -addrs takes host:port and redis:// or rediss:// URLs (user, password,
+// db), as go-redis's ParseURL reads them; -password-file and
+// $REDLOCKRUN_PASSWORD give a password for masters whose URL has none;
+// -tls and -tls-ca, -tls-cert, -tls-key, -tls-server-name, -tls-insecure
+// (the flags amqpsem has) set TLS. Every address is parsed before any
+// I/O. -timeout bounds the whole acquisition, dials included.
 package main
 
 import (
@@ -18,7 +25,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,53 +35,31 @@ import (
 	"github.com/latchkey-go/latchkey/redlockprio"
 )
 
-const usage = `redlockrun runs COMMAND while holding the lock NAME on the Redis masters
-given by -addrs (Redlock: a majority of them must grant it), and stops
-COMMAND when the lock is lost.
+const help = `redlockrun runs COMMAND while holding the lock NAME on Redis masters
+(Redlock: a majority must grant it), and stops COMMAND (SIGTERM, then
+SIGKILL after -grace) when the lock is lost.
 
 Usage:
   redlockrun [flags] NAME -- COMMAND [ARG...]
+  redlockrun --help | --version
 
-COMMAND runs in a process group of its own, with LOCK_NAME, LOCK_TOKEN (the
-lock's fencing token, greater for every later holder: hand it to what
-COMMAND writes to, and have that refuse a token lower than the highest it
-has seen) and LOCK_SLOT (0) in its environment. SIGINT, SIGTERM and SIGHUP
-are forwarded to its group (the lock is held until COMMAND exits); while
-redlockrun waits for the lock, they end the wait. When COMMAND exits, what
-it left running in its group is killed, then the lock is released. When
-the lock is lost (a majority of masters could not be renewed in time, a
-higher priority took it, its keys were deleted), COMMAND's group is sent
-SIGTERM, and SIGKILL if COMMAND has not exited -grace later. If redlockrun
-is killed outright (kill -9), a reaper process it started kills COMMAND's
-group at once, before the lock's TTL runs out at the masters (not on a
-system without Unix process groups).
+-addrs lists the masters, comma-separated: host:port (with -tls: over TLS),
+or redis:// and rediss:// (TLS) URLs with user, password and db, as
+go-redis reads them. Give the password in $REDLOCKRUN_PASSWORD or a file
+(-password-file), not on the command line. COMMAND gets LOCK_NAME,
+LOCK_TOKEN (the fencing token) and LOCK_SLOT (0) in its environment.
+
+Exit codes:
+  0   COMMAND succeeded
+  1   error (masters unreachable or refusing, COMMAND not found, ...)
+  3   not acquired: the lock is held (-try), or -timeout passed
+  4   the lock was lost while COMMAND ran
+  64  usage error, found before any I/O
+  otherwise COMMAND's own exit status, or 128+N if signal N killed it
 
 Example:
-  redlockrun -addrs redis1:6379,redis2:6379,redis3:6379 -ttl 30s \
-    nightly-report -- ./report.sh --out /data/report
-  redlockrun -try nightly-report -- ./report.sh || echo "busy or failed: $?"
-
-Exit codes (those of every command that runs a command under a lease,
-amqpsem acquire's too):
-  0  COMMAND succeeded
-  1  error (a master refused or unreachable, COMMAND not found, ...)
-  3  not acquired: the lock is held (-try), or -timeout passed
-  4  the lock was lost while COMMAND ran (COMMAND was sent SIGTERM, and
-     SIGKILL if it had not exited after -grace)
-  64 usage error (bad flags, arguments or name; sysexits' EX_USAGE)
-  otherwise COMMAND's own exit status, or 128+N when COMMAND was killed by
-  signal N. 0, 1 and 64 are natslock's too. redlockrun's own codes avoid
-  2, which the Go runtime exits with on a panic or SIGQUIT (a COMMAND that
-  exits 2 still has its 2 passed on).
-
-Messages:
-  redlockrun's messages go to standard error through log/slog, one line
-  each: -log-format text (the default: time=... level=... msg=...
-  key=value) or json (one JSON object a line). Every line has the field
-  name (the lock's), and, where they apply, token and error. Usage errors
-  (exit code 64), found before any I/O, are plain lines "redlockrun: ...".
-
-Flags:
+  REDLOCKRUN_PASSWORD=secret redlockrun -tls -tls-ca ca.pem \
+    -addrs r1:6380,r2:6380,r3:6380 -timeout 1m nightly-report -- ./report.sh
 `
 
 func main() {
@@ -85,90 +70,132 @@ func main() {
 type config struct {
 	name    string
 	argv    []string
-	addrs   []string
+	masters []*redis.Options
 	opts    []redlockprio.Option
 	try     bool
 	timeout time.Duration
 	grace   time.Duration
-	logFmt  string // text or json
+	callTO  time.Duration // bounds each call to a master
+	logFmt  string        // text or json
+	verbose bool
+
+	start    time.Time // when redlockrun began: -timeout counts from there
+	acquired bool      // the lock was acquired
 }
 
 // run runs redlockrun with args and returns its exit code.
 func run(args []string, stdout, stderr io.Writer) int {
-	cfg, exit := parse(args, stderr)
+	cli := &command.CLI{Name: "redlockrun", Help: help, Stdout: stdout, Stderr: stderr}
+	cfg, exit := parse(cli, args)
 	if cfg == nil {
 		return exit
 	}
-	logger, err := command.NewLogger(stderr, cfg.logFmt, nil)
-	if err != nil { // parse has checked the format
-		return fail(stderr, command.ExitUsage, "%v", err)
+	cfg.start = time.Now()
+	level := slog.LevelInfo
+	if cfg.verbose {
+		level = slog.LevelDebug
 	}
-	logger = logger.With(slog.String("name", cfg.name))
+	logger, err := command.NewLogger(stderr, cfg.logFmt, &slog.HandlerOptions{Level: level})
+	if err != nil { // parse has checked the format
+		return cli.Fail("%v", err)
+	}
+	logger = logger.With(slog.String("name", command.ShortName(cfg.name)))
 	slog.SetDefault(logger) // what the libraries log with the log package
 	redis.SetLogger(redisLogger{logger})
-	masters := make([]redis.UniversalClient, len(cfg.addrs))
-	for i, addr := range cfg.addrs {
-		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-		defer c.Close()
-		masters[i] = c
+	masters := make([]redis.UniversalClient, len(cfg.masters))
+	for i, o := range cfg.masters {
+		masters[i] = redis.NewClient(o)
 	}
+	defer closeAll(masters)
 	client, err := redlockprio.New(masters, cfg.opts...)
 	if err != nil {
 		if code(err) == command.ExitUsage {
-			return fail(stderr, command.ExitUsage, "%v", err)
+			return cli.Fail("%s", command.Message(err, cfg.name))
 		}
 		logger.Error("failed", slog.String("error", err.Error()))
 		return code(err)
 	}
-	defer client.Close(context.Background())
-	return runLocked(client.Locker(), cfg, stdout, stderr, logger)
+	defer func() {
+		// Bounded: a master that never answers must not hold the exit
+		// (nor past -timeout, if the lock was not acquired). Close
+		// waits for such a master about the call timeout, twice it
+		// when a waiting Lock must also leave the name's queue: once
+		// the lease is released, nothing of it is left to wait for.
+		bound := 2 * cfg.callTO
+		if cfg.acquired {
+			bound = cfg.callTO
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		defer cancel()
+		if cfg.timeout > 0 && !cfg.acquired {
+			var stop context.CancelFunc
+			ctx, stop = context.WithDeadline(ctx, cfg.start.Add(cfg.timeout))
+			defer stop()
+		}
+		// Close may wait past ctx for goroutines talking to a master
+		// that never answers: redlockrun exits without them.
+		closed := make(chan struct{})
+		go func() {
+			defer close(closed)
+			_ = client.Close(ctx)
+		}()
+		select {
+		case <-closed:
+		case <-ctx.Done():
+		}
+	}()
+	return runLocked(client.Locker(), cfg, cli, logger)
 }
 
 // parse reads the command line and checks it before any I/O. It returns
-// nil and the exit code when redlockrun must not go on: --help, or a
-// usage error.
-func parse(args []string, stderr io.Writer) (*config, int) {
+// nil and the exit code when redlockrun must not go on: --help,
+// --version, or a usage error.
+func parse(cli *command.CLI, args []string) (*config, int) {
 	fs := flag.NewFlagSet("redlockrun", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-	}
-	addrs := fs.String("addrs", "127.0.0.1:6379", "the Redis masters, host:port, comma-separated: independent servers, not replicas of one another")
+	addrs := fs.String("addrs", "127.0.0.1:6379", "the masters, comma-separated: host:port or redis://, rediss:// URLs; independent servers, not replicas")
+	var sec security
+	fs.StringVar(&sec.user, "user", "", "ACL user, for masters whose URL names none")
+	fs.StringVar(&sec.passwordFile, "password-file", "", "file holding the password, for masters whose URL has none (default $"+passwordEnv+")")
+	fs.BoolVar(&sec.tls, "tls", false, "use TLS with host:port masters (rediss:// always does)")
+	fs.StringVar(&sec.ca, "tls-ca", "", "PEM file of CA certificates to trust (default: the system's)")
+	fs.StringVar(&sec.cert, "tls-cert", "", "PEM client certificate file")
+	fs.StringVar(&sec.key, "tls-key", "", "PEM client key file")
+	fs.StringVar(&sec.tlsServer, "tls-server-name", "", "server name to verify (default: the master's host)")
+	fs.BoolVar(&sec.insecure, "tls-insecure", false, "do not verify the masters' certificates (testing only)")
 	ttl := fs.Duration("ttl", 10*time.Second, "how long the masters keep the lock of a redlockrun that stopped renewing it (a crash)")
-	priority := fs.Int("priority", 0, "priority: takes the lock at once from a holder of a strictly lower priority")
+	priority := fs.Int("priority", 0, "priority: a holder of a strictly lower priority is made to give the lock up (its COMMAND is stopped); this COMMAND starts once it has")
 	twoMasters := fs.Bool("two-masters", false, "allow two masters (both must grant: they tolerate no failure)")
 	try := fs.Bool("try", false, "fail at once (exit code 3) when the lock is held")
-	timeout := fs.Duration("timeout", 0, "give up waiting for the lock after this long (0: no limit); exit code 3")
+	timeout := fs.Duration("timeout", 0, "give up after this long, connecting included (0: no limit); exit code 3")
 	grace := fs.Duration("grace", 10*time.Second, "when the lock is lost, how long COMMAND has to exit after SIGTERM before SIGKILL")
-	logFmt := fs.String("log-format", "text", "format of the messages on standard error (usage errors aside): text or json")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, command.ExitOK
-		}
-		return nil, command.ExitUsage
+	logFmt := fs.String("log-format", "text", "format of the messages on standard error: text or json")
+	verbose := fs.Bool("v", false, "verbose: also log go-redis's messages (failed dials...)")
+	if code, done := cli.Parse(fs, args); done {
+		return nil, code
 	}
 	rest := fs.Args()
 	if len(rest) < 3 || rest[1] != "--" {
-		return nil, fail(stderr, command.ExitUsage, "want NAME -- COMMAND [ARG...], got %q (see redlockrun --help)", rest)
+		return nil, cli.Fail("want NAME -- COMMAND [ARG...], got %d arguments", len(rest))
 	}
-	cfg := &config{name: rest[0], argv: rest[2:], try: *try, timeout: *timeout, grace: *grace, logFmt: *logFmt}
-	for _, a := range strings.Split(*addrs, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			cfg.addrs = append(cfg.addrs, a)
-		}
-	}
+	cfg := &config{name: rest[0], argv: rest[2:], try: *try, timeout: *timeout, grace: *grace, logFmt: *logFmt, verbose: *verbose}
 	switch {
-	case len(cfg.addrs) == 0:
-		return nil, fail(stderr, command.ExitUsage, "-addrs: no master")
 	case *timeout < 0:
-		return nil, fail(stderr, command.ExitUsage, "-timeout must not be negative, got %v", *timeout)
+		return nil, cli.Fail("-timeout must not be negative, got %v", *timeout)
 	case *grace < 0:
-		return nil, fail(stderr, command.ExitUsage, "-grace must not be negative, got %v", *grace)
+		return nil, cli.Fail("-grace must not be negative, got %v", *grace)
+	case *ttl <= 0:
+		return nil, cli.Fail("-ttl must be positive, got %v", *ttl)
 	}
 	if err := command.CheckLogFormat(*logFmt); err != nil {
-		return nil, fail(stderr, command.ExitUsage, "%v", err)
+		return nil, cli.Fail("-%v", err)
 	}
+	// The library's default call timeout: TTL/10 within [200ms, 1s].
+	cfg.callTO = min(max(*ttl/10, 200*time.Millisecond), time.Second)
+	masters, err := masterOptions(*addrs, &sec, cfg.callTO)
+	if err != nil {
+		return nil, cli.Fail("%v", err)
+	}
+	cfg.masters = masters
 	cfg.opts = []redlockprio.Option{redlockprio.WithTTL(*ttl), redlockprio.WithPriority(*priority)}
 	if *twoMasters {
 		cfg.opts = append(cfg.opts, redlockprio.WithTwoMasters())
@@ -177,18 +204,39 @@ func parse(args []string, stderr io.Writer) (*config, int) {
 }
 
 // runLocked takes the lock and runs the command under it.
-func runLocked(locker *redlockprio.Locker, cfg *config, stdout, stderr io.Writer, logger *slog.Logger) int {
+func runLocked(locker *redlockprio.Locker, cfg *config, cli *command.CLI, logger *slog.Logger) int {
 	sigs := command.CatchSignals()
 	defer sigs.Stop()
-	lease, err := lock(locker, cfg, sigs)
+	lease, timedOut, err := lock(locker, cfg, sigs)
 	if err != nil {
-		if code(err) == command.ExitUsage {
-			return fail(stderr, command.ExitUsage, "%v", err)
+		msg := command.Message(err, cfg.name)
+		exit := code(err)
+		if exit == command.ExitNotAcquired && !timedOut && !errors.Is(err, locks.ErrNotAcquired) {
+			// A master's call timeout (a TLS handshake that never
+			// ends, say), not -timeout: an error.
+			exit = command.ExitError
 		}
-		logger.Error("failed", slog.String("error", err.Error()))
-		return code(err)
+		switch exit {
+		case command.ExitUsage:
+			return cli.Fail("%s", msg)
+		case command.ExitNotAcquired:
+			// The expected outcomes of -try and -timeout: not errors.
+			if errors.Is(err, locks.ErrNotAcquired) {
+				logger.Info("not acquired: the lock is held")
+			} else {
+				logger.Warn("not acquired: -timeout passed", slog.String("error", msg))
+			}
+			return command.ExitNotAcquired
+		}
+		logger.Error("failed", slog.String("error", msg))
+		return exit
 	}
-	defer lease.Release(context.Background())
+	cfg.acquired = true
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.callTO)
+		defer cancel()
+		_ = lease.Release(ctx)
+	}()
 	logger = logger.With(slog.Uint64("token", lease.Token()))
 
 	reaper, err := command.StartReaper("redlockrun", "")
@@ -197,7 +245,7 @@ func runLocked(locker *redlockprio.Locker, cfg *config, stdout, stderr io.Writer
 	}
 	defer reaper.Close()
 	cmd := exec.Command(cfg.argv[0], cfg.argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, cli.Stdout, cli.Stderr
 	exit, err := command.RunLease(lease, cmd, command.Options{
 		Grace: cfg.grace, Signals: sigs, Reaper: reaper,
 		Logf: func(format string, a ...any) { logger.Warn(fmt.Sprintf(format, a...)) },
@@ -211,20 +259,29 @@ func runLocked(locker *redlockprio.Locker, cfg *config, stdout, stderr io.Writer
 	return exit
 }
 
-// lock takes the lock (at once, or waiting up to cfg.timeout) until a
-// signal comes.
-func lock(locker *redlockprio.Locker, cfg *config, sigs *command.Signals) (locks.Lease, error) {
+// lock takes the lock (at once with -try, or waiting) until cfg.timeout
+// passes or a signal comes. timedOut reports that the wait ended by
+// -timeout: a deadline in err is then -timeout's, not a master's call
+// timeout.
+func lock(locker *redlockprio.Locker, cfg *config, sigs *command.Signals) (lease locks.Lease, timedOut bool, err error) {
 	ctx, cancel := sigs.Context(context.Background())
 	defer cancel()
-	if cfg.try {
-		return locker.TryLock(ctx, cfg.name)
-	}
 	if cfg.timeout > 0 {
+		// The wait ends a call timeout before -timeout (at most half of
+		// it): room for the clean-up of a failed attempt (the deletes of
+		// its partial grants, up to a call timeout), which Close waits
+		// for until -timeout, so that redlockrun gives up by -timeout
+		// and leaves no grant to block others for a TTL.
 		var stop context.CancelFunc
-		ctx, stop = context.WithTimeout(ctx, cfg.timeout)
+		ctx, stop = context.WithDeadline(ctx, cfg.start.Add(max(cfg.timeout-cfg.callTO, cfg.timeout/2)))
 		defer stop()
 	}
-	return locker.Lock(ctx, cfg.name)
+	if cfg.try {
+		lease, err = locker.TryLock(ctx, cfg.name)
+	} else {
+		lease, err = locker.Lock(ctx, cfg.name)
+	}
+	return lease, errors.Is(ctx.Err(), context.DeadlineExceeded), err
 }
 
 // code maps an error of the lock to an exit code.
@@ -238,8 +295,12 @@ func code(err error) int {
 	return command.ExitError
 }
 
-// fail reports a usage error, as a plain line, and returns code.
-func fail(stderr io.Writer, code int, format string, a ...any) int {
-	fmt.Fprintf(stderr, "redlockrun: "+format+"\n", a...)
-	return code
+// closeAll closes the masters' clients, together: a close waits for the
+// calls in flight on a connection, each up to a call timeout.
+func closeAll(masters []redis.UniversalClient) {
+	var wg sync.WaitGroup
+	for _, m := range masters {
+		wg.Go(func() { _ = m.Close() })
+	}
+	wg.Wait()
 }

@@ -2,7 +2,6 @@ package main_test
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,48 +28,6 @@ func masters(t *testing.T) (string, []*redis.Client) {
 		clients = append(clients, c)
 	}
 	return strings.Join(addrs, ","), clients
-}
-
-// TestUsage: usage errors exit 64 (sysexits' EX_USAGE, not 2, the Go
-// runtime's code on a panic or SIGQUIT) before any I/O, --help exits 0 and
-// documents the exit codes.
-func TestUsage(t *testing.T) {
-	bin := cmdtest.Build(t, ".")
-	cmdtest.Expect(t, bin, 0, "Exit codes", "--help")
-	cmdtest.Expect(t, bin, 0, "64 usage error", "--help")
-	cmdtest.Expect(t, bin, 0, "-log-format", "--help")
-	cmdtest.Expect(t, bin, 64, "want NAME -- COMMAND", "name")
-	cmdtest.Expect(t, bin, 64, "want NAME -- COMMAND", "name", "true")
-	cmdtest.Expect(t, bin, 64, "", "-nosuchflag", "name", "--", "true")
-	cmdtest.Expect(t, bin, 64, "-grace", "-grace", "-1s", "name", "--", "true")
-	// Two masters without -two-masters; a bad name: both before any I/O
-	// (nothing listens on port 1).
-	cmdtest.Expect(t, bin, 64, "", "-addrs", "127.0.0.1:1,127.0.0.1:2", "name", "--", "true")
-	cmdtest.Expect(t, bin, 64, "", "-addrs", "127.0.0.1:1", "bad{name}", "--", "true")
-	cmdtest.Expect(t, bin, 64, "-log-format", "-log-format", "xml", "name", "--", "true")
-	cmdtest.Expect(t, bin, 1, " level=ERROR msg=failed name=name error=", "-addrs", "127.0.0.1:1", "name", "--", "true")
-	out := cmdtest.Expect(t, bin, 1, `"level":"ERROR"`, "-log-format", "json", "-addrs", "127.0.0.1:1", "name", "--", "true")
-	// go-redis's own messages (failed dials) come through the logger too.
-	errors := 0
-	for l := range strings.Lines(out) {
-		var line map[string]any
-		if err := json.Unmarshal([]byte(l), &line); err != nil {
-			t.Errorf("-log-format json: a line is not a JSON object: %v: %q", err, l)
-			continue
-		}
-		if line["name"] != "name" || line["time"] == nil || line["msg"] == "" {
-			t.Errorf("-log-format json: a line lacks time, name or msg: %v", line)
-		}
-		if line["level"] == "ERROR" {
-			errors++
-			if e, _ := line["error"].(string); !strings.Contains(e, "127.0.0.1:1") {
-				t.Errorf("-log-format json: the error line does not say which master failed: %v", line)
-			}
-		}
-	}
-	if errors != 1 {
-		t.Errorf("-log-format json: %d ERROR lines, want 1:\n%s", errors, out)
-	}
 }
 
 // TestRun: the command's environment and exit status, contention with
@@ -152,5 +109,24 @@ func TestKill9(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if !strings.Contains(h.Out.String(), "redlockrun-reaper") {
 		t.Errorf("the reaper said nothing:\n%s", h.Out.String())
+	}
+}
+
+// With one of three masters hung (it accepts connections and never
+// answers), redlockrun runs its command at once and exits within the
+// call timeout (1s, of the default -ttl) after it, plus the time of the
+// same run on three live masters and 500ms of slack.
+func TestExitWithHungMaster(t *testing.T) {
+	bin := cmdtest.Build(t, ".")
+	live, _ := masters(t)
+	begin := time.Now()
+	cmdtest.Expect(t, bin, 0, "", "-addrs", live, cmdtest.UniqueName("redlockrun-"), "--", "true")
+	slack := time.Since(begin) + 500*time.Millisecond
+	const callTimeout = time.Second
+	addrs := strings.Join(append(strings.Split(live, ",")[:2], silentListener(t)), ",")
+	begin = time.Now()
+	cmdtest.Expect(t, bin, 0, "", "-addrs", addrs, cmdtest.UniqueName("redlockrun-"), "--", "true")
+	if took := time.Since(begin); took > callTimeout+slack {
+		t.Errorf("with a hung master redlockrun took %v, want at most the call timeout %v + slack %v", took, callTimeout, slack)
 	}
 }

@@ -1,0 +1,191 @@
+package redlockprio_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/latchkey-go/latchkey/contracttest"
+	"github.com/latchkey-go/latchkey/contracttest/testenv"
+	"github.com/latchkey-go/latchkey/locks"
+	"github.com/latchkey-go/latchkey/redlockprio"
+)
+
+// TestLateGrantsPastCallTimeoutLeaveNoKeys: 3 masters; every Locker's replies
+// from master 2 come 400ms late, past the 100ms call timeout ("A master
+// that has not answered within the per-master call timeout [...] counts
+// as failed for that step"), while its scripts run there at once: master
+// 2 grants keys whose answers come after the step was decided. Four
+// equal-priority Lockers (two with retrying clients, two with MaxRetries
+// -1; TTL 2s) contend with Lock and TryLock for 3s. Checked: no overlap,
+// tokens increasing in grant order, and then, with every Locker idle but
+// open, no key of the name is left on any master 600ms after the last
+// release ("their answers are seen to in the background (a grant deleted
+// after a failed attempt [...])"; "Release [...] deletes its keys on every
+// master where they are still its own") — not left to expire after the
+// TTL, where a lower-priority key would block the name.
+//
+// Variant "priorities 0-3": the four Lockers have priorities 0 to 3, so
+// late answers also report thefts the attempt learns of after its step.
+func TestLateGrantsPastCallTimeoutLeaveNoKeys(t *testing.T) {
+	for _, variant := range []string{"equal priorities", "priorities 0-3"} {
+		t.Run(variant, func(t *testing.T) { lateGrants(t, variant == "priorities 0-3") })
+	}
+}
+
+func lateGrants(t *testing.T, prios bool) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	name := uniqueName(t)
+	hist := contracttest.NewWriteHistory()
+	const ttl = 2 * time.Second
+	var ls []*client
+	for i := range 4 {
+		p := 0
+		if prios {
+			p = i
+		}
+		opts := []clientOption{viaProxies(), withTiming(ttl, 0.01), withPriority(p), with(redlockprio.WithCallTimeout(100 * time.Millisecond))}
+		if i%2 == 1 {
+			opts = append(opts, retrying())
+		}
+		a := mustClient(t, addrs, opts...)
+		warm(t, a.l)
+		a.proxies[2].DelayReplies(400 * time.Millisecond)
+		ls = append(ls, a)
+	}
+	end := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	counts := map[string]int{}
+	for i, a := range ls {
+		wg.Go(func() {
+			for k := 0; time.Now().Before(end); k++ {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				var l locks.Lease
+				var err error
+				if k%2 == 0 {
+					l, err = a.l.TryLock(ctx, name)
+				} else {
+					l, err = a.l.Lock(ctx, name)
+				}
+				cancel()
+				if err != nil {
+					key := "other"
+					var qe *redlockprio.QuorumError
+					switch {
+					case errors.Is(err, locks.ErrNotAcquired):
+						key = "not acquired"
+					case errors.As(err, &qe):
+						key = "quorum"
+					case errors.Is(err, context.DeadlineExceeded):
+						key = "deadline"
+					default:
+						t.Logf("locker %d: %v", i, err)
+					}
+					mu.Lock()
+					counts[key]++
+					mu.Unlock()
+					time.Sleep(3 * time.Millisecond)
+					continue
+				}
+				s := hist.Begin("L"+string(rune('0'+i)), l)
+				stop := make(chan struct{})
+				tm := time.AfterFunc(5*time.Millisecond, func() { close(stop) })
+				s.WriteWhileLive(stop)
+				tm.Stop()
+				s.LetGo()
+				_ = l.Release(context.Background())
+				mu.Lock()
+				counts["granted"]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	lastRelease := hist.Now()
+	t.Logf("outcomes: %v", counts)
+	if err := hist.Check(); err != nil {
+		t.Logf("sections:\n%v", hist)
+		t.Error(err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	for i, a := range addrs {
+		if left := slotKeys(t, a, name, 1); len(left) > 0 {
+			t.Errorf("master %d still has %v %v after the last release (PTTL %v)", i, left, ms(hist.Now()-lastRelease), maxPTTL(t, []string{a}, name))
+		}
+	}
+	// A fresh Locker must get the name at once.
+	c := mustClient(t, addrs, withTiming(ttl, 0.01))
+	start := time.Now()
+	l, err := c.l.TryLock(ctxFor(t, 5*time.Second), name)
+	if err != nil {
+		t.Errorf("TryLock by a fresh Locker %v after every Locker let go: %v", time.Since(start), err)
+	} else {
+		_ = l.Release(context.Background())
+	}
+}
+
+// TestReleaseWithLostRepliesWakesWaiter: H holds a name on 3 masters through
+// proxies; W (another Client) waits in Lock. H's replies from masters 0
+// and 1 are dropped (the requests still run there) when H releases.
+// Docs: Release "returns once a quorum of masters has answered [...] or
+// a *QuorumError when fewer than a quorum answered"; the release script
+// deletes the key and publishes on every master it reaches, and waiters
+// "retry at once when a quorum of masters has announced the same
+// release". Checked: H's Release returns within 1s (a *QuorumError is
+// fine); W gets the name within 1s of the Release (not at the TTL, 3s);
+// W's token is above H's.
+func TestReleaseWithLostRepliesWakesWaiter(t *testing.T) {
+	addrs := addrsOf(testenv.StartRedis(t, 3))
+	h := mustClient(t, addrs, viaProxies(), withTiming(3*time.Second, 0.01))
+	w := mustClient(t, addrs, withTiming(3*time.Second, 0.01))
+	// The release script is loaded on every master first: otherwise the
+	// EVALSHA's NOSCRIPT answer is what gets lost, the script never runs
+	// there, and the keys stay until the TTL, as the docs say of a
+	// QuorumError (W then got the name after 2.7s).
+	warm(t, h.l)
+	ctx := ctxFor(t, 20*time.Second)
+	name := uniqueName(t)
+	hl, err := h.l.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type got struct {
+		at    time.Time
+		lease locks.Lease
+		err   error
+	}
+	res := make(chan got, 1)
+	go func() {
+		l, err := w.l.Lock(ctx, name)
+		res <- got{time.Now(), l, err}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	h.proxies[0].DropReplies()
+	h.proxies[1].DropReplies()
+	begun := time.Now()
+	relErr := hl.Release(ctx)
+	took := time.Since(begun)
+	var qe *redlockprio.QuorumError
+	t.Logf("H's Release took %v: %v (QuorumError: %v)", took, relErr, errors.As(relErr, &qe))
+	if took > time.Second {
+		t.Errorf("H's Release took %v", took)
+	}
+	g := <-res
+	if g.err != nil {
+		t.Fatalf("W's Lock: %v", g.err)
+	}
+	d := g.at.Sub(begun)
+	t.Logf("W got the name %v after H's Release began; tokens H %d, W %d", d, hl.Token(), g.lease.Token())
+	if d > time.Second {
+		t.Errorf("W got the name only %v after H's Release", d)
+	}
+	if g.lease.Token() <= hl.Token() {
+		t.Errorf("W's token %d is not above H's %d", g.lease.Token(), hl.Token())
+	}
+	_ = g.lease.Release(context.Background())
+	h.proxies[0].Restore()
+	h.proxies[1].Restore()
+}
