@@ -254,11 +254,15 @@ func (h *WriteHistory) Records() []Written {
 
 // Check returns an error listing the violations among the sections
 // recorded so far, or nil. Sections are compared with those of their own
-// slot (a semaphore's slots are so many locks); in the order of their
-// grants, it is a violation
-//   - when a holder wrote after a later holder was granted (OVERLAP),
-//   - when a lease's token is not above the one granted before it
-//     (TOKEN),
+// slot (a semaphore's slots are so many locks). It is a violation
+//   - when a holder wrote after a later holder was granted (OVERLAP);
+//     of two leases with tokens, the later is the one with the higher
+//     token, else the one granted later, since a grant is recorded when
+//     Lock returned: a victim of a theft, or a lease that ran out before
+//     its Lock returned, can be recorded after the lease that replaced
+//     it,
+//   - when a holder that wrote got a token not above that of the lease
+//     granted before it (TOKEN),
 //   - when a section whose holder let go saw its lease's context end
 //     after the deadline the lease reported then, by more than 2ms (the
 //     timer's and the scheduler's delay) and twice the longest stall
@@ -274,9 +278,16 @@ func (h *WriteHistory) Check() error {
 	before := map[int]Written{} // the slot's previous grant
 	for i, a := range recs {
 		for _, b := range recs[i+1:] {
-			if b.Slot == a.Slot && a.LastWrite > b.Granted {
+			if b.Slot != a.Slot {
+				continue
+			}
+			earlier, later := a, b
+			if a.Token != 0 && b.Token != 0 && a.Token > b.Token {
+				earlier, later = b, a
+			}
+			if earlier.LastWrite > later.Granted {
 				bad = append(bad, fmt.Sprintf("OVERLAP: %s (token %d, granted %s) wrote %s after %s (token %d) was granted at %s",
-					a.name(), a.Token, ms(a.Granted), ms(a.LastWrite-b.Granted), b.name(), b.Token, ms(b.Granted)))
+					earlier.name(), earlier.Token, ms(earlier.Granted), ms(earlier.LastWrite-later.Granted), later.name(), later.Token, ms(later.Granted)))
 			}
 		}
 		if a.Deadline >= 0 && a.ContextEnd > a.Deadline+lateEndSlack {
@@ -285,7 +296,7 @@ func (h *WriteHistory) Check() error {
 					a.name(), ms(a.ContextEnd), ms(a.ContextEnd-a.Deadline), ms(a.Deadline), ms(lateEndSlack), ms(stalled)))
 			}
 		}
-		if p, ok := before[a.Slot]; ok && p.Token >= a.Token {
+		if p, ok := before[a.Slot]; ok && p.Token >= a.Token && a.Writes > 0 {
 			bad = append(bad, fmt.Sprintf("TOKEN: %s granted at %s got token %d, not above %s's %d granted at %s",
 				a.name(), ms(a.Granted), a.Token, p.name(), p.Token, ms(p.Granted)))
 		}
