@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -253,18 +252,9 @@ func (r *chaosRun) close() {
 // brokerLeaks returns goleak options ignoring every goroutine now running
 // a function whose name starts with one of prefixes.
 func brokerLeaks(prefixes []string) []goleak.Option {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	seen := map[string]bool{}
 	var opts []goleak.Option
-	for _, line := range strings.Split(string(buf), "\n") {
+	for line := range strings.SplitSeq(strings.Join(goroutineStacks(), "\n"), "\n") {
 		if !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(line, p) }) {
 			continue
 		}

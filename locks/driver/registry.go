@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
@@ -66,6 +67,7 @@ type Registry struct {
 	leases   map[*Lease]struct{}
 	closed   bool
 	renewing bool // the renewal goroutine runs
+	loops    atomic.Int32 // renewal goroutines running, for the tests
 	wg       sync.WaitGroup
 	done     chan struct{} // closed when Close has finished everything
 }

@@ -12,6 +12,8 @@ import (
 // batch per round, and exits when none is left live or the registry
 // closes; NewLease starts it again.
 func (r *Registry) renewLoop() {
+	r.loops.Add(1)
+	defer r.loops.Add(-1)
 	t := time.NewTicker(r.every)
 	defer t.Stop()
 	for {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -366,21 +365,7 @@ func waitingForAdmission(t *testing.T, n int, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
-		var buf strings.Builder
-		_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)
-		got := 0
-		for _, block := range strings.Split(buf.String(), "\n\n") {
-			if !strings.Contains(block, "redlockprio.(*Client).admit+") {
-				continue
-			}
-			for _, line := range strings.Split(block, "\n") {
-				var k int
-				if _, err := fmt.Sscanf(line, "%d @", &k); err == nil {
-					got += k
-					break
-				}
-			}
-		}
+		got := contracttest.GoroutinesIn("github.com/latchkey-go/latchkey/redlockprio.(*Client).admit(")
 		if got >= n {
 			return
 		}
