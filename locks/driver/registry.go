@@ -66,7 +66,7 @@ type Registry struct {
 	mu       sync.Mutex
 	leases   map[*Lease]struct{}
 	closed   bool
-	renewing bool // the renewal goroutine runs
+	renewing bool         // the renewal goroutine runs
 	loops    atomic.Int32 // renewal goroutines running, for the tests
 	wg       sync.WaitGroup
 	done     chan struct{} // closed when Close has finished everything
