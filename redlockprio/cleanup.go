@@ -59,6 +59,9 @@ func (c *Client) giveUp(ctx context.Context, cl *claim, gs []grant, others, pend
 		leftovers[i] = leftover{m: m, keepTaken: slices.Contains(unknown, m), lateSees: slices.Contains(pending, m)}
 	}
 	if len(victims) == 0 {
+		if slices.ContainsFunc(leftovers, keptIfTaken) {
+			c.rememberKept(cl.id) // before a notice can find the claim gone
+		}
 		c.forgetClaim(cl)
 		c.deleteKeys(ctx, cl, leftovers)
 		return
@@ -104,6 +107,10 @@ type leftover struct {
 	lateSees  bool // keepTaken, and late remembers a key taken (see giveUp)
 }
 
+// keptIfTaken reports whether lo is kept if taken from another holder,
+// with nothing but the clean-up to tell whether it was (see giveUp).
+func keptIfTaken(lo leftover) bool { return lo.keepTaken && !lo.lateSees }
+
 // leftoversOf returns the keys of the slots gs granted.
 func leftoversOf(gs []grant) []leftover {
 	out := make([]leftover, len(gs))
@@ -129,7 +136,7 @@ func (c *Client) deleteKeys(ctx context.Context, cl *claim, leftovers []leftover
 	for i, lo := range leftovers {
 		ms[i] = lo.m
 	}
-	if slices.ContainsFunc(leftovers, func(lo leftover) bool { return lo.keepTaken && !lo.lateSees }) {
+	if slices.ContainsFunc(leftovers, keptIfTaken) {
 		c.rememberKept(cl.id)
 	}
 	c.callMasters(ctx, ms, func(ctx context.Context, m *master) (any, error) {

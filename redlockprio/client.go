@@ -86,7 +86,7 @@ type Client struct {
 	// they became, until no notice about them can need waiting for.
 	claims  map[string]*claim
 	byLease map[*driver.Lease]*claim // the claims of the registered leases
-	acks    map[string]chan struct{} // victim holder id -> closed on its ack
+	acks    map[string]*ackWait      // victim holder id -> its acknowledgement
 	// kept holds the ids of failed attempts that may have kept keys they
 	// took from holders they never told (see giveUp), until those keys
 	// have surely expired: a thief that finds such a key gets no
@@ -155,7 +155,7 @@ func New[C redis.UniversalClient](masters []C, opts ...Option) (*Client, error) 
 		admitted: map[string]*admission{},
 		claims:   map[string]*claim{},
 		byLease:  map[*driver.Lease]*claim{},
-		acks:     map[string]chan struct{}{},
+		acks:     map[string]*ackWait{},
 		kept:     map[string]time.Time{},
 		subReady: make(chan struct{}),
 		watchers: map[string]*watchState{},

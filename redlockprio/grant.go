@@ -22,6 +22,7 @@ type grant struct {
 	vprio   int64
 	pttl    time.Duration
 	vinbox  string
+	vfrom   string    // theft: whom the victim's key was taken from, if anyone
 	at      time.Time // when the answer arrived
 }
 
@@ -62,7 +63,7 @@ func parseGrant(r answer, size int, ttl time.Duration) (grant, error) {
 		}
 		g.slot = int(slot)
 		if g.status == 2 {
-			g.holder, g.vprio, g.vinbox = str(3), num(4), str(6)
+			g.holder, g.vprio, g.vinbox, g.vfrom = str(3), num(4), str(6), str(7)
 			g.pttl = millis(num(5))
 			if num(5) < 0 {
 				g.pttl = ttl

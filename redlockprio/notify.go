@@ -217,10 +217,10 @@ func (c *Client) dispatch(i int, msg any) {
 func (c *Client) inboxMessage(i int, payload string) {
 	parts := strings.SplitN(payload, "|", 4)
 	switch {
-	case len(parts) == 2 && parts[0] == "A":
+	case len(parts) == 2 && (parts[0] == "A" || parts[0] == "U"):
 		c.mu.Lock()
-		if ch := c.acks[parts[1]]; ch != nil {
-			close(ch)
+		if w := c.acks[parts[1]]; w != nil && (parts[0] == "A" || !w.proxy) {
+			close(w.ch)
 			delete(c.acks, parts[1])
 		}
 		c.mu.Unlock()
@@ -244,7 +244,10 @@ func (c *Client) inboxMessage(i int, payload string) {
 // a thief still waiting for its own victim (the chain of thieves), the
 // acknowledgement waits for that too. An unknown id (an attempt that
 // failed, knowing it took nothing from anyone it did not tell) is
-// acknowledged at once. A failed attempt that may have kept another
+// acknowledged at once, as unknown ("U"): a thief whose displaced key had
+// been taken from an earlier holder does not count that, since the key
+// may be one a failed attempt kept for a holder it never told, after
+// the attempt forgot it. A failed attempt that may have kept another
 // holder's key (see kept) gets no acknowledgement: that holder may still
 // run, so the thief must wait the key out.
 func (c *Client) notice(vid, reply, thief string) {
@@ -296,7 +299,11 @@ func (c *Client) notice(vid, reply, thief string) {
 			}
 			t.Stop()
 		}
-		c.publish(reply, "A|"+vid)
+		kind := "A|"
+		if cl == nil {
+			kind = "U|"
+		}
+		c.publish(reply, kind+vid)
 	})
 }
 

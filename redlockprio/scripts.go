@@ -40,7 +40,8 @@ import (
 // TTLs (a chain of thieves with mixed TTLs). On a
 // grant it raises the counter to at least the floor, increments it and
 // returns {1, slot, counter} for a free slot, or {2, slot, counter,
-// victim id, victim priority, victim pttl, victim inbox} for a theft.
+// victim id, victim priority, victim pttl, victim inbox, the id the
+// victim's key was taken from ("" if none)} for a theft.
 // When every slot is held it returns {0, 0, counter, holder id, smallest
 // pttl}.
 var acquireScript = redis.NewScript(scripts.Acquire)

@@ -19,6 +19,12 @@ import (
 type victim struct {
 	inbox string
 	until time.Time
+	// proxy: one of its keys had been taken from an earlier holder. Such
+	// a key may stand for that holder (a failed attempt keeps it for a
+	// holder it displaced and could not tell), so an acknowledgement
+	// from a victim that no longer knows the key (see notice) does not
+	// count: the key is waited out.
+	proxy bool
 }
 
 // victimsOf returns the holders that gs displaced, by holder id: each may
@@ -43,8 +49,21 @@ func (c *Client) victimsOf(gs []grant) map[string]*victim {
 		} else if until.After(v.until) {
 			v.until = until
 		}
+		if g.vfrom != "" {
+			victims[g.holder].proxy = true
+		}
 	}
 	return victims
+}
+
+// ackWait is the acknowledgement a Client waits for from one victim: ch
+// is closed when it comes. proxy: a key of the victim's may stand for an
+// earlier holder (see victim), so only an acknowledgement from a victim
+// that knows the key ("A") closes ch, not one from a victim that does
+// not ("U", see notice).
+type ackWait struct {
+	ch    chan struct{}
+	proxy bool
 }
 
 // tell sends each victim a theft notice and returns, by victim id, the
@@ -53,13 +72,14 @@ func (c *Client) victimsOf(gs []grant) map[string]*victim {
 func (c *Client) tell(victims map[string]*victim) map[string]chan struct{} {
 	acks := map[string]chan struct{}{}
 	c.mu.Lock()
-	for id := range victims {
-		ch := c.acks[id]
-		if ch == nil {
-			ch = make(chan struct{})
-			c.acks[id] = ch
+	for id, v := range victims {
+		w := c.acks[id]
+		if w == nil {
+			w = &ackWait{ch: make(chan struct{})}
+			c.acks[id] = w
 		}
-		acks[id] = ch
+		w.proxy = w.proxy || v.proxy
+		acks[id] = w.ch
 	}
 	c.mu.Unlock()
 	desc := strings.ReplaceAll(fmt.Sprintf("%s with priority %d", c.id, c.o.priority), "|", "/")
@@ -101,7 +121,7 @@ func (c *Client) forgetAcks(acks map[string]chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for id, ch := range acks {
-		if c.acks[id] == ch {
+		if w := c.acks[id]; w != nil && w.ch == ch {
 			delete(c.acks, id)
 		}
 	}

@@ -46,14 +46,14 @@ for j = 0, n - 1 do
 end
 if victim > 0 then
   local k = KEYS[victim]
-  local old = redis.call('HMGET', k, 'id', 'p', 'ch')
+  local old = redis.call('HMGET', k, 'id', 'p', 'ch', 'from')
   local pttl = redis.call('PTTL', k)
   redis.call('DEL', k)
   redis.call('HSET', k, 'id', id, 'p', prio, 'ch', inbox, 'from', old[1])
   local exp = tonumber(ttl)
   if pttl > exp then exp = pttl end
   redis.call('PEXPIRE', k, exp)
-  return {2, victim - 1, fence(), old[1], vprio, pttl, old[3] or ''}
+  return {2, victim - 1, fence(), old[1], vprio, pttl, old[3] or '', old[4] or ''}
 end
 local holder, minp = '', -1
 for i = 2, n + 1 do
