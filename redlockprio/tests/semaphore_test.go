@@ -23,8 +23,26 @@ import (
 // slot 1.
 func TestSemaphoreTheftInLosingSlotTellsVictim(t *testing.T) {
 	addrs := addrsOf(testenv.StartRedis(t, 3))
+	ctx := ctxFor(t, 30*time.Second)
+	// The scenario needs all three of the thief's answers: on a loaded
+	// machine the third may come after the grace for stragglers (its
+	// TryAcquire then fails as held), and it is set up again on a fresh
+	// name.
+	for try := 1; ; try++ {
+		if theftInLosingSlot(t, ctx, addrs) {
+			return
+		}
+		if try == 5 {
+			t.Fatal("five tries: the thief's third answer came after the grace every time")
+		}
+	}
+}
+
+// theftInLosingSlot runs TestSemaphoreTheftInLosingSlotTellsVictim on a
+// fresh name; it returns false when the thief's TryAcquire missed an
+// answer in its grace.
+func theftInLosingSlot(t *testing.T, ctx context.Context, addrs []string) bool {
 	name := uniqueName(t)
-	ctx := ctxFor(t, 10*time.Second)
 	// The victim holds slot 1 (a lock's key) on masters 0 and 1 only.
 	v := mustClient(t, addrs, viaProxies(), withPriority(1), with(redlockprio.WithTTL(3*time.Second), redlockprio.WithRenewInterval(900*time.Millisecond)))
 	v.proxies[2].Cut()
@@ -42,6 +60,11 @@ func TestSemaphoreTheftInLosingSlotTellsVictim(t *testing.T) {
 	}
 	// Slot 2 on masters 1 and 2 (free), slot 1 on master 0 (the victim's).
 	lease, err := sem.TryAcquire(ctx, name)
+	var he *locks.HeldError
+	if errors.As(err, &he) && strings.Contains(err.Error(), "no answer within the grace") {
+		t.Logf("the thief missed an answer: %v", err)
+		return false
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,6 +82,7 @@ func TestSemaphoreTheftInLosingSlotTellsVictim(t *testing.T) {
 	if victim.Context().Err() == nil {
 		t.Fatal("another client got slot 1 while its displaced holder still believed it held it")
 	}
+	return true
 }
 
 // TestSemaphoreTheftChainKeepsAtMostSizeHolders: a semaphore of 2 slots. V1 (priority
