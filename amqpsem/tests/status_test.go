@@ -544,7 +544,7 @@ func TestWaitReleasedWithAcquiresRacingRemoval(t *testing.T) {
 func TestWaitReleasedDuringChurn(t *testing.T) {
 	url, _ := amqpURL(t)
 	name := newName(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ac := dial(t, url)
 	admin := admin(t, ac)
@@ -583,6 +583,10 @@ func TestWaitReleasedDuringChurn(t *testing.T) {
 	}
 	var statuses atomic.Int64
 	stopStatus := make(chan struct{})
+	// Status calls end when the loop stops: a scan takes seconds on a
+	// loaded machine (22s seen), and WaitReleased must have the broker.
+	statusCtx, endStatus := context.WithCancel(ctx)
+	defer endStatus()
 	var statusWG sync.WaitGroup
 	statusWG.Go(func() {
 		for {
@@ -592,7 +596,10 @@ func TestWaitReleasedDuringChurn(t *testing.T) {
 			default:
 			}
 			s0 := time.Now()
-			st, err := admin.Status(ctx, name)
+			st, err := admin.Status(statusCtx, name)
+			if err != nil && statusCtx.Err() != nil {
+				return // stopped
+			}
 			if err != nil {
 				t.Errorf("status after %v: %v", time.Since(s0), err)
 				return
@@ -622,6 +629,7 @@ func TestWaitReleasedDuringChurn(t *testing.T) {
 	t0 := time.Now()
 	t.Logf("resize took %v", t0.Sub(r0))
 	close(stopStatus) // each Status is a full scan: let WaitReleased have the broker
+	endStatus()
 	statusWG.Wait()
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 	werr := admin.WaitReleased(wctx, name)

@@ -336,8 +336,14 @@ func TestBatchRenewalSurvivesMinorityFaults(t *testing.T) {
 	cctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	begun := time.Now()
-	if err := a.c.Close(cctx); err != nil {
+	// Every lease is lost by now; Close still deletes their keys, with
+	// the call timeout for each: on a loaded machine some of
+	// those deletions miss it, which Close reports as a *QuorumError.
+	var qe *redlockprio.QuorumError
+	if err := a.c.Close(cctx); err != nil && !errors.As(err, &qe) {
 		t.Errorf("Close: %v", err)
+	} else if err != nil {
+		t.Logf("Close: deletions of lost leases' keys timed out: %.300s", err)
 	}
 	t.Logf("Close took %v", time.Since(begun))
 	_ = b.c.Close(cctx)
