@@ -58,6 +58,11 @@ func (c *Client) giveUp(ctx context.Context, cl *claim, gs []grant, others, pend
 	for i, m := range now {
 		leftovers[i] = leftover{m: m, keepTaken: slices.Contains(unknown, m), lateSees: slices.Contains(pending, m)}
 	}
+	if len(unknown) > 0 {
+		c.mu.Lock()
+		cl.unsure = true
+		c.mu.Unlock()
+	}
 	if len(victims) == 0 {
 		if slices.ContainsFunc(leftovers, keptIfTaken) {
 			c.rememberKept(cl.id) // before a notice can find the claim gone
@@ -85,14 +90,32 @@ func (c *Client) giveUp(ctx context.Context, cl *claim, gs []grant, others, pend
 }
 
 // forgetClaim drops a failed attempt's claim: a thief's notice about it
-// is acknowledged from now on (unless kept says otherwise).
+// is acknowledged from now on (unless kept says otherwise), as "A" when
+// the attempt heard every master (it is vouched for), else as "U".
 func (c *Client) forgetClaim(cl *claim) {
 	c.mu.Lock()
 	if c.claims[cl.id] == cl {
 		delete(c.claims, cl.id)
+		if !cl.unsure {
+			c.vouchLocked(cl.id)
+		}
 	}
 	c.mu.Unlock()
 	cl.markAckable()
+}
+
+// vouchLocked records id in c.vouched, and forgets the ids whose time
+// is over; c.mu is held.
+func (c *Client) vouchLocked(id string) {
+	now := time.Now()
+	for len(c.vouchedQ) > 0 && !now.Before(c.vouched[c.vouchedQ[0]]) {
+		delete(c.vouched, c.vouchedQ[0])
+		c.vouchedQ = c.vouchedQ[1:]
+	}
+	if _, ok := c.vouched[id]; !ok {
+		c.vouchedQ = append(c.vouchedQ, id)
+	}
+	c.vouched[id] = now.Add(c.keptFor())
 }
 
 // A leftover is a key a claim may hold on a master: of its slot, or of

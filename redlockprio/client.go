@@ -92,6 +92,13 @@ type Client struct {
 	// have surely expired: a thief that finds such a key gets no
 	// acknowledgement for it, and waits it out.
 	kept map[string]time.Time
+	// vouched holds the ids of claims this Client forgot knowing every
+	// key they left (a lease let go of or lost, an attempt that heard
+	// every master), for as long as such a key can live (keptFor): a
+	// thief's notice about one is answered "A", about any other id it
+	// does not know "U" (see notice). vouchedQ lists them oldest first.
+	vouched  map[string]time.Time
+	vouchedQ []string
 
 	subOnce   sync.Once
 	subReady  chan struct{} // closed once the inbox is subscribed (or gave up)
@@ -157,6 +164,7 @@ func New[C redis.UniversalClient](masters []C, opts ...Option) (*Client, error) 
 		byLease:  map[*driver.Lease]*claim{},
 		acks:     map[string]*ackWait{},
 		kept:     map[string]time.Time{},
+		vouched:  map[string]time.Time{},
 		subReady: make(chan struct{}),
 		watchers: map[string]*watchState{},
 		qwake:    map[string]*queueWake{},

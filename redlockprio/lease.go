@@ -44,6 +44,10 @@ type claim struct {
 	waitOver    bool          // the wait for this thief's victims is over
 	givenUp     bool          // the call gave up waiting for the victims: release when over
 	victimsLive bool          // holders this thief displaced may still run: keep its keys
+	// unsure: the attempt failed without an answer from some master,
+	// where it may have kept a key taken from a holder it never told: it
+	// cannot speak for its keys, and answers a notice "U" (see notice).
+	unsure bool
 }
 
 // markAckable closes cl.ackable unless it is closed already.
@@ -138,6 +142,7 @@ func (cl *claim) release(ctx context.Context) error {
 	delete(c.byLease, cl.lease)
 	if !keep && c.claims[cl.id] == cl {
 		delete(c.claims, cl.id)
+		c.vouchLocked(cl.id)
 	}
 	c.mu.Unlock()
 	if keep {

@@ -242,14 +242,16 @@ func (c *Client) inboxMessage(i int, payload string) {
 // out, whichever comes first (at once with WithImmediateAck); an attempt
 // never handed out, when it has been given up. When the lease is itself
 // a thief still waiting for its own victim (the chain of thieves), the
-// acknowledgement waits for that too. An unknown id (an attempt that
-// failed, knowing it took nothing from anyone it did not tell) is
-// acknowledged at once, as unknown ("U"): a thief whose displaced key had
-// been taken from an earlier holder does not count that, since the key
-// may be one a failed attempt kept for a holder it never told, after
-// the attempt forgot it. A failed attempt that may have kept another
-// holder's key (see kept) gets no acknowledgement: that holder may still
-// run, so the thief must wait the key out.
+// acknowledgement waits for that too. An id the Client has forgotten is
+// acknowledged at once: as "A" while it is vouched for (a lease let go
+// of, an attempt that heard every master), else as unknown ("U"). A
+// failed attempt that did not hear every master answers "U" too, once it
+// has given up: it may have kept there a key taken from a holder it
+// never told, and cannot speak for that holder. A thief whose displaced
+// key had been taken from an earlier holder does not count a "U" (see
+// victim.proxy), and waits the key out. A failed attempt that may have
+// kept another holder's key (see kept) gets no acknowledgement for a
+// while at all.
 func (c *Client) notice(vid, reply, thief string) {
 	c.mu.Lock()
 	cl := c.claims[vid]
@@ -262,7 +264,11 @@ func (c *Client) notice(vid, reply, thief string) {
 		ackable    chan struct{}
 		holderDone chan struct{}
 		cause      error
+		answer     = "A|"
 	)
+	if _, ok := c.vouched[vid]; cl == nil && !ok || cl != nil && cl.unsure {
+		answer = "U|"
+	}
 	if cl != nil {
 		cause = driver.Preempted(fmt.Errorf("%q taken by %s", cl.name, thief))
 		if cl.robbed == nil {
@@ -299,11 +305,14 @@ func (c *Client) notice(vid, reply, thief string) {
 			}
 			t.Stop()
 		}
-		kind := "A|"
-		if cl == nil {
-			kind = "U|"
+		if cl != nil && answer == "A|" {
+			c.mu.Lock()
+			if cl.unsure { // the attempt failed meanwhile, unheard by a master
+				answer = "U|"
+			}
+			c.mu.Unlock()
 		}
-		c.publish(reply, kind+vid)
+		c.publish(reply, answer+vid)
 	})
 }
 

@@ -151,6 +151,7 @@ func (c *Client) claimsOf(batch []*driver.Lease) []*claim {
 	for id, cl := range c.claims {
 		if cl.lease != nil && !cl.lease.Live() && cl.isAckable() && cl.isHolderDone() {
 			delete(c.claims, id)
+			c.vouchLocked(id)
 		}
 	}
 	// Every lease of a round has its claim: registered under c.mu with it,
