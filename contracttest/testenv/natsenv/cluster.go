@@ -39,13 +39,21 @@ type ClusterConfig struct {
 	// from each other by gossip (implicit routes, which nats-server
 	// dials at the advertised address, once) fail instead of bypassing
 	// the proxies. Server logs (with -v) then show one refused connection
-	// to 127.0.0.1:1 now and then: that is expected. Only embedded
-	// clusters support it.
+	// to 127.0.0.1:1 now and then: that is expected. A binary before
+	// nats-server 2.10 does not support it.
 	ProxyRoutes bool
 	// Binary, if set, is the path of a nats-server program (see
-	// [Binary]) to run every node from, each a separate process, instead
-	// of embedding them. It excludes ProxyRoutes.
+	// [Binary]) to run every node from, each a separate process. Unset,
+	// the nodes run from [Env.ModuleBinary], the embedded version built
+	// as a program, unless Embedded or ProxyRoutes is set. (A cluster of
+	// processes with proxied routes runs, but after a heal its meta
+	// leader refused to place streams, "peer offline", while every node
+	// passed its health check: Heal cannot yet tell when it is over.)
 	Binary string
+	// Embedded runs the nodes in the test process (nats-server/v2 as a
+	// library). The race detector then watches the server's code too,
+	// and reports its data races (see [Env.ModuleBinary]).
+	Embedded bool
 }
 
 // unroutable is the route address nodes advertise with
@@ -81,8 +89,15 @@ func (e Env) StartCluster(ctx context.Context, n int, cfg ClusterConfig) (*Clust
 	if n < 2 {
 		return nil, fmt.Errorf("natsenv: StartCluster(%d): a cluster needs at least 2 nodes", n)
 	}
-	if cfg.Binary != "" && cfg.ProxyRoutes {
-		return nil, errors.New("natsenv: proxied routes are only supported on embedded clusters")
+	if cfg.Binary != "" && cfg.Embedded {
+		return nil, errors.New("natsenv: a cluster is either embedded or run from a binary")
+	}
+	if cfg.Binary == "" && !cfg.Embedded && !cfg.ProxyRoutes {
+		bin, err := e.ModuleBinary()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Binary = bin
 	}
 	var err error
 	for range startAttempts {
@@ -351,11 +366,10 @@ func (c *Cluster) reconnect() map[int]bool {
 // see the close).
 func (c *Cluster) routedSince(cut map[int]bool, since time.Time) error {
 	for i, s := range c.servers {
-		ns := s.server()
-		if ns == nil {
+		rz, err := s.routes()
+		if errors.Is(err, errNotRunning) {
 			continue
 		}
-		rz, err := ns.Routez(nil)
 		if err != nil {
 			return fmt.Errorf("natsenv: %s: routes: %w", s.name, err)
 		}

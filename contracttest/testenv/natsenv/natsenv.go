@@ -1,8 +1,10 @@
 // Package natsenv provides NATS servers with JetStream to tests: a single
-// node or a cluster, embedded in the test process (nats-server/v2 as a
-// library) on loopback ports, so that tests need nothing installed, or
-// run from a nats-server program ([Binary], such as an older release than
-// the embedded one) as separate processes on loopback ports
+// node embedded in the test process (nats-server/v2 as a library) on
+// loopback ports, so that tests need nothing installed; a cluster of
+// processes of the same version, built from that module once
+// ([Env.ModuleBinary]), or embedded ([ClusterConfig]); or servers run from
+// a nats-server program ([Binary], such as an older release than the
+// embedded one) as separate processes on loopback ports
 // ([StartBinaryServer], [StartBinaryCluster]). [Server.Version] says which
 // version each node runs. An embedded server may require TLS, a password
 // or, in operator mode, JWT credentials ([ServerConfig]); an embedded

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
@@ -114,7 +115,24 @@ func TestURL(t *testing.T) {
 
 func TestCluster(t *testing.T) {
 	leakCheck(t)
-	testCluster(t, natsenv.StartCluster(t, 3))
+	c := natsenv.StartCluster(t, 3)
+	for i, s := range c.Servers() {
+		if s.Binary() == "" || s.Version() != server.VERSION {
+			t.Errorf("node %d: binary %q, version %q; want a process of the linked nats-server %s", i, s.Binary(), s.Version(), server.VERSION)
+		}
+	}
+	testCluster(t, c)
+}
+
+// TestEmbeddedCluster is TestCluster on nodes embedded in the test
+// process.
+func TestEmbeddedCluster(t *testing.T) {
+	leakCheck(t)
+	c := natsenv.StartClusterWith(t, 3, natsenv.ClusterConfig{Embedded: true})
+	if s := c.Servers()[0]; s.Binary() != "" {
+		t.Errorf("embedded node runs from %q", s.Binary())
+	}
+	testCluster(t, c)
 }
 
 // TestBinaryCluster is TestCluster on a cluster of nats-server processes

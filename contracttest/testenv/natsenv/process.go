@@ -109,8 +109,6 @@ func binaryOptions(o *server.Options) error {
 		return errors.New("users are only supported on embedded servers")
 	case len(o.TrustedOperators) > 0:
 		return errors.New("operator mode is only supported on embedded servers")
-	case o.Cluster.Advertise != "":
-		return errors.New("proxied routes are only supported on embedded clusters")
 	}
 	return nil
 }
@@ -127,7 +125,14 @@ func processConfig(o *server.Options, monitor int) string {
 		for _, r := range o.Routes {
 			fmt.Fprintf(&b, "    %s\n", q(r.String()))
 		}
-		b.WriteString("  ]\n}\n")
+		b.WriteString("  ]\n")
+		if o.Cluster.Advertise != "" { // proxied routes (nats-server 2.10 or later)
+			fmt.Fprintf(&b, "  advertise: %s\n", q(o.Cluster.Advertise))
+		}
+		if o.Cluster.PoolSize != 0 {
+			fmt.Fprintf(&b, "  pool_size: %d\n", o.Cluster.PoolSize)
+		}
+		b.WriteString("}\n")
 	}
 	return b.String()
 }
@@ -218,7 +223,9 @@ func (p *proc) stop(sig syscall.Signal) {
 
 // get decodes the JSON the monitoring endpoint path answers into v.
 func (p *proc) get(path string, v any) error {
-	c := http.Client{Timeout: 2 * time.Second}
+	// No kept connection: its reader goroutine would outlive the call,
+	// and leak checks would see it.
+	c := http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := c.Get("http://" + p.http + path)
 	if err != nil {
 		return err
@@ -255,6 +262,7 @@ func (p *proc) meta() (leader string, peers int, err error) {
 			Leader   string `json:"leader"`
 			Replicas []struct {
 				Offline bool `json:"offline"`
+				Current bool `json:"current"`
 			} `json:"replicas"`
 		} `json:"meta_cluster"`
 	}
@@ -266,7 +274,7 @@ func (p *proc) meta() (leader string, peers int, err error) {
 	}
 	peers = 1
 	for _, r := range jsz.Meta.Replicas {
-		if !r.Offline {
+		if !r.Offline && r.Current {
 			peers++
 		}
 	}

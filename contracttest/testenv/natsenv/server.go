@@ -250,6 +250,23 @@ func (s *Server) healthyLocked() error {
 
 // meta returns whether the server is the JetStream meta leader and how
 // many peers of the meta group, itself included, it sees online.
+// errNotRunning is the error of asking a node that is not running.
+var errNotRunning = errors.New("not running")
+
+// routes returns the node's routes (its /routez).
+func (s *Server) routes() (*server.Routez, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.ns != nil:
+		return s.ns.Routez(nil)
+	case s.proc != nil:
+		var rz server.Routez
+		return &rz, s.proc.get("/routez", &rz)
+	}
+	return nil, errNotRunning
+}
+
 func (s *Server) meta() (leader bool, peers int, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
