@@ -86,7 +86,7 @@ func staleHeardMaster(t *testing.T, early, stale bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	v.cut()
-	vDeadline := dl.Deadline().Sub(time.Now()) + hist.Now()
+	vDeadline := time.Until(dl.Deadline()) + hist.Now()
 	for i, a := range addrs {
 		t.Logf("at %v master %d holder %q PTTL %v", ms(hist.Now()), i, holderOf(t, a, name), maxPTTL(t, []string{a}, name))
 	}
@@ -249,7 +249,7 @@ func chainOverKeptKeys(t *testing.T, variant string) {
 		sv.LetGo()
 	}()
 	v.cut()
-	vDeadline := vl.(*redlockprio.Lease).Deadline().Sub(time.Now()) + hist.Now()
+	vDeadline := time.Until(vl.(*redlockprio.Lease).Deadline()) + hist.Now()
 	h.proxies.DelayReplies(400 * time.Millisecond)
 	begun := time.Now()
 	_, herr := h.l.Lock(ctx, name)
@@ -449,7 +449,7 @@ func TestSemaphoreKeptSlotsOutlastVictims(t *testing.T) {
 			w.LetGo()
 		}()
 		vdone = append(vdone, done)
-		dl := l.(*redlockprio.Lease).Deadline().Sub(time.Now()) + hist.Now()
+		dl := time.Until(l.(*redlockprio.Lease).Deadline()) + hist.Now()
 		if vDeadline == 0 || dl < vDeadline {
 			vDeadline = dl
 		}
@@ -546,7 +546,7 @@ func TestThiefClosedMidStepKeepsVictimsKeys(t *testing.T) {
 		sv.LetGo()
 	}()
 	v.cut()
-	vDeadline := vl.(*redlockprio.Lease).Deadline().Sub(time.Now()) + hist.Now()
+	vDeadline := time.Until(vl.(*redlockprio.Lease).Deadline()) + hist.Now()
 	h.proxies.DelayReplies(2 * time.Second)
 	begun := time.Now()
 	herr := make(chan error, 1)

@@ -71,7 +71,7 @@ func lockContextEndMidStep(t *testing.T, delayed []int, cAfter time.Duration) {
 		sv.LetGo()
 	}()
 	v.cut()
-	vDeadline := vl.(*redlockprio.Lease).Deadline().Sub(time.Now()) + hist.Now()
+	vDeadline := time.Until(vl.(*redlockprio.Lease).Deadline()) + hist.Now()
 	var px testenv.Proxies
 	for _, i := range delayed {
 		px = append(px, h.proxies[i])
@@ -156,7 +156,7 @@ func lostThief(t *testing.T, uAfter, tGive time.Duration) {
 		sv.LetGo()
 	}()
 	v.cut()
-	vDeadline := vl.(*redlockprio.Lease).Deadline().Sub(time.Now()) + hist.Now()
+	vDeadline := time.Until(vl.(*redlockprio.Lease).Deadline()) + hist.Now()
 	type result struct {
 		at  time.Duration
 		err error
@@ -353,7 +353,7 @@ func lostThiefLease(t *testing.T, release bool) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("T's lease did not end")
 	}
-	tDeadline := tl.(*redlockprio.Lease).Deadline().Sub(time.Now()) + hist.Now()
+	tDeadline := time.Until(tl.(*redlockprio.Lease).Deadline()) + hist.Now()
 	t.Logf("T's lease ended at %v: %v; its deadline %v", ms(hist.Now()), context.Cause(tl.Context()), ms(tDeadline))
 	logKeys(t, hist, addrs, name)
 	uBegun := hist.Now()
