@@ -114,7 +114,10 @@ func decodeRecord(key string, data []byte) (record, error) {
 	case resp.Error != nil && resp.Error.ErrCode == jsNoMessageFound:
 		return record{}, nil
 	case resp.Error != nil:
-		return record{}, fmt.Errorf("reading key %q: %s (code %d, error code %d)", key, resp.Error.Description, resp.Error.Code, resp.Error.ErrCode)
+		// As an *jetstream.APIError, so that errors.Is matches
+		// jetstream.ErrStreamNotFound and the like.
+		return record{}, fmt.Errorf("reading key %q: %w", key, &jetstream.APIError{
+			Code: resp.Error.Code, ErrorCode: jetstream.ErrorCode(resp.Error.ErrCode), Description: resp.Error.Description})
 	case resp.Message == nil:
 		return record{}, fmt.Errorf("reading key %q: empty answer", key)
 	case resp.Message.Seq == 0:
