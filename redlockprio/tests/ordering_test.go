@@ -69,14 +69,22 @@ func pingBound(t *testing.T, addr string, documented time.Duration) contracttest
 }
 
 // pollUntil polls cond until it holds or the bound's limit has passed
-// since start; it returns how long that took, and whether cond held.
-func pollUntil(start time.Time, b contracttest.Bound, cond func() bool) (time.Duration, bool) {
+// since start; it returns how long that took, and whether cond held. It
+// watches the scheduler meanwhile (see [contracttest.Bound.Watch]): a
+// stall of the loaded machine during the wait widens b.
+func pollUntil(start time.Time, b *contracttest.Bound, cond func() bool) (time.Duration, bool) {
+	stop := b.Watch()
 	for {
 		if cond() {
+			stop()
 			return time.Since(start), true
 		}
 		if time.Since(start) > b.Limit() {
-			return time.Since(start), cond()
+			stop() // b now counts the stalls seen so far
+			if time.Since(start) > b.Limit() {
+				return time.Since(start), cond()
+			}
+			stop = b.Watch()
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -161,7 +169,7 @@ func TestNewAcquireAfterStragglingFree(t *testing.T) {
 			b := pingBound(t, addrs[2], 0)
 			opened := time.Now()
 			gate.open()
-			took, ok := pollUntil(opened, b, func() bool { return holderOf(t, addrs[2], name) == id })
+			took, ok := pollUntil(opened, &b, func() bool { return holderOf(t, addrs[2], name) == id })
 			if !ok {
 				t.Fatalf("the new lease's key is not on the third master %v after the free there was let go (holder there %q, old lease %q); bound %v",
 					took, holderOf(t, addrs[2], name), oldID, b)
@@ -244,7 +252,7 @@ func TestLeaveAfterStragglingEnqueue(t *testing.T) {
 	gate.open()
 	// The held enqueue runs now, then the leave. Wait for the enqueue to
 	// have run (the ticket counter it raises) before judging the queue.
-	took, ok := pollUntil(opened, b, func() bool {
+	took, ok := pollUntil(opened, &b, func() bool {
 		return len(queueMembers(t, addrs[2], name)) == 0 && enqueueRan(t, addrs[2], name)
 	})
 	if !ok {
@@ -584,7 +592,7 @@ func TestOneClientMixedCallsUnderStragglers(t *testing.T) {
 	// expires within the queue's bound for a dead waiter (a TTL and a
 	// half).
 	b := pingBound(t, addrs[0], testTTL+testTTL/2)
-	took, ok := pollUntil(time.Now(), b, func() bool {
+	took, ok := pollUntil(time.Now(), &b, func() bool {
 		for _, a := range addrs {
 			if holderOf(t, a, name) != "" || len(liveQueueMembers(t, a, name)) != 0 {
 				return false

@@ -1430,7 +1430,7 @@ func TestMasterRestartedUnderOneClientsWaiters(t *testing.T) {
 				t.Fatal(err)
 			}
 			restarted := time.Now()
-			took, ok := pollUntil(restarted, b, func() bool { return len(liveQueueMembers(t, addrs[0], name)) == waiters })
+			took, ok := pollUntil(restarted, &b, func() bool { return len(liveQueueMembers(t, addrs[0], name)) == waiters })
 			if !ok {
 				t.Fatalf("%d of %d entries are back on the restarted master %v after the restart; bound %v",
 					len(liveQueueMembers(t, addrs[0], name)), waiters, took, b)
@@ -1544,7 +1544,7 @@ func TestManyWaitersWithCancels(t *testing.T) {
 				t.Errorf("the name went %v without a holder while Locks waited, over the bound %v", worst, gapBound)
 			}
 			b := pingBound(t, addrs[0], 2*200*time.Millisecond) // the call timeout of these TTLs: 200ms
-			took, ok := pollUntil(left, b, func() bool {
+			took, ok := pollUntil(left, &b, func() bool {
 				for _, a := range addrs {
 					if holderOf(t, a, name) != "" || len(liveQueueMembers(t, a, name)) != 0 {
 						return false
