@@ -85,7 +85,7 @@ func TestBatchedRenewalsAcrossStreamStepDowns(t *testing.T) {
 	time.Sleep(time.Second)
 	var lost int
 	for _, g := range gs {
-		if g.leases[0].lease.Context().Err() != nil {
+		if g.first().Context().Err() != nil {
 			lost++
 		}
 	}

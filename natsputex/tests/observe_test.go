@@ -581,6 +581,13 @@ func (g *grants) grant(who string, l locks.Lease) {
 	g.leases = append(g.leases, grantRecord{who, l, at})
 }
 
+// first returns the first lease granted.
+func (g *grants) first() locks.Lease {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.leases[0].lease
+}
+
 func (g *grants) check(t *testing.T) {
 	t.Helper()
 	g.mu.Lock()
