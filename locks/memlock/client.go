@@ -141,14 +141,17 @@ func (c *Client) acquire(ctx context.Context, name string, size int, slotted boo
 		return nil, err
 	}
 	h, err := c.holdLocked(ctx, e, name, slot, slotted, now)
+	if err == nil && preempted != nil {
+		// In one process the victim's acknowledgement is immediate: its
+		// lease ends before the store is unlocked, so before anyone can
+		// take the name from the thief in turn (ended after the unlock, a
+		// thief's thief could be granted while it still ran: a chaos
+		// run's chain of three priorities).
+		preempted.lease.End(driver.Preempted(fmt.Errorf("memlock: %q taken by %s with priority %d", name, c.id, c.opts.priority)))
+	}
 	s.mu.Unlock()
 	if err != nil {
 		return nil, err
-	}
-	if preempted != nil {
-		// In one process the victim's acknowledgement is immediate: its
-		// lease has ended before the thief's call returns.
-		preempted.lease.End(driver.Preempted(fmt.Errorf("memlock: %q taken by %s with priority %d", name, c.id, c.opts.priority)))
 	}
 	return h.lease.Handle(), nil
 }
