@@ -185,6 +185,23 @@ func (w *Writer) WriteWhileLive(stop <-chan struct{}) {
 	w.writeWhile(func() bool { return w.lease.Context().Err() == nil }, stop)
 }
 
+// Hold is the holder that stops when told: in a goroutine of its own it
+// writes while the lease's context is live ([Writer.WriteWhileLive]),
+// then lets go ([Writer.LetGo]) and, if release is set, releases the
+// lease. The channel it returns is closed when that is done.
+func (w *Writer) Hold(release bool) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.WriteWhileLive(nil)
+		w.LetGo()
+		if release {
+			_ = w.lease.Release(context.Background())
+		}
+	}()
+	return done
+}
+
 // WriteUntilDeadline writes every millisecond, whatever the lease's
 // context says, while the lease's validity deadline (read again before
 // each write) has not passed, until stop is closed (a nil stop never

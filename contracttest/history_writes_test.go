@@ -425,3 +425,22 @@ func TestWriteHistoryWatchesWhileContextsLive(t *testing.T) {
 		t.Fatal("not watching while c's context is live")
 	}
 }
+
+// TestWriterHold: Hold writes while the lease's context is live, then
+// lets go, and closes its channel.
+func TestWriterHold(t *testing.T) {
+	h := NewWriteHistory()
+	l := newHandLease(t, 1, 0, time.Now().Add(time.Hour))
+	w := h.Begin("a", l)
+	done := w.Hold(false)
+	waitFor(t, "a write", func() bool { return w.Record().Writes > 0 })
+	if closed(done) {
+		t.Fatal("Hold returned while the lease was live")
+	}
+	l.end()
+	waitFor(t, "Hold's end", func() bool { return closed(done) })
+	if r := w.Record(); r.LetGo < 0 || r.LastWrite > r.LetGo {
+		t.Errorf("after Hold: %v; want writes, then the let-go", r)
+	}
+
+}

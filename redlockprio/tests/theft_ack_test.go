@@ -71,12 +71,7 @@ func staleHeardMaster(t *testing.T, early, stale bool) {
 	}
 	t0 := hist.Now()
 	sv := hist.Begin("V", vl)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sv.WriteWhileLive(nil)
-		sv.LetGo()
-	}()
+	done := sv.Hold(false)
 	// Wait for V's second renewal (on masters 1 and 2 only).
 	dl := vl.(*redlockprio.Lease)
 	for time.Until(dl.Deadline()) < vTTL-200*time.Millisecond || hist.Now()-t0 < 1900*time.Millisecond {
@@ -157,13 +152,7 @@ func TestReleasedThiefVouchesForItsKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	sv := hist.Begin("V", vl)
-	vdone := make(chan struct{})
-	go func() {
-		defer close(vdone)
-		sv.WriteWhileLive(nil)
-		sv.LetGo()
-		_ = vl.Release(context.Background())
-	}()
+	vdone := sv.Hold(true)
 	begun := time.Now()
 	tl, err := th.l.Lock(ctx, name)
 	if err != nil {
@@ -242,12 +231,7 @@ func chainOverKeptKeys(t *testing.T, variant string) {
 		t.Fatal(err)
 	}
 	sv := hist.Begin("V", vl)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sv.WriteWhileLive(nil)
-		sv.LetGo()
-	}()
+	done := sv.Hold(false)
 	v.cut()
 	vDeadline := time.Until(vl.(*redlockprio.Lease).Deadline()) + hist.Now()
 	h.proxies.DelayReplies(400 * time.Millisecond)
@@ -354,13 +338,7 @@ func TestReleaseRacingHigherThiefIsAcknowledged(t *testing.T) {
 			t.Fatal(err)
 		}
 		sv := hist.Begin("V", vl)
-		vdone := make(chan struct{})
-		go func() {
-			defer close(vdone)
-			sv.WriteWhileLive(nil)
-			sv.LetGo()
-			_ = vl.Release(context.Background())
-		}()
+		vdone := sv.Hold(true)
 		tl, err := th.l.Lock(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -435,19 +413,14 @@ func TestSemaphoreKeptSlotsOutlastVictims(t *testing.T) {
 	name := uniqueName(t)
 	ctx := ctxFor(t, 20*time.Second)
 	var vDeadline time.Duration
-	var vdone []chan struct{}
+	var vdone []<-chan struct{}
 	for i, s := range []*redlockprio.Semaphore{s1, s2} {
 		l, err := s.TryAcquire(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		w := hist.Begin([]string{"V1", "V2"}[i], l)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			w.WriteWhileLive(nil)
-			w.LetGo()
-		}()
+		done := w.Hold(false)
 		vdone = append(vdone, done)
 		dl := time.Until(l.(*redlockprio.Lease).Deadline()) + hist.Now()
 		if vDeadline == 0 || dl < vDeadline {
@@ -539,12 +512,7 @@ func TestThiefClosedMidStepKeepsVictimsKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	sv := hist.Begin("V", vl)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sv.WriteWhileLive(nil)
-		sv.LetGo()
-	}()
+	done := sv.Hold(false)
 	v.cut()
 	vDeadline := time.Until(vl.(*redlockprio.Lease).Deadline()) + hist.Now()
 	h.proxies.DelayReplies(2 * time.Second)

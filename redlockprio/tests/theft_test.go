@@ -897,12 +897,7 @@ func lateTheftAnswers(t *testing.T, hearsNone, cSteals bool) {
 		t.Fatal(err)
 	}
 	sv := hist.Begin("V", vl)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sv.WriteWhileLive(nil)
-		sv.LetGo()
-	}()
+	done := sv.Hold(false)
 	v.cut()
 	late := h.proxies[1:]
 	if hearsNone {

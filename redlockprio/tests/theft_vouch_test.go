@@ -243,13 +243,7 @@ func shortThiefLongVictim(t *testing.T, gap time.Duration) {
 		t.Fatal(err)
 	}
 	sv := hist.Begin("V", vl)
-	vdone := make(chan struct{})
-	go func() {
-		defer close(vdone)
-		sv.WriteWhileLive(nil)
-		sv.LetGo()
-		_ = vl.Release(context.Background())
-	}()
+	vdone := sv.Hold(true)
 	begun := time.Now()
 	tl, err := th.l.Lock(ctx, name)
 	if err != nil {
@@ -325,13 +319,7 @@ func lostThiefLease(t *testing.T, release bool) {
 		t.Fatal(err)
 	}
 	sv := hist.Begin("V", vl)
-	vdone := make(chan struct{})
-	go func() {
-		defer close(vdone)
-		sv.WriteWhileLive(nil)
-		sv.LetGo()
-		_ = vl.Release(context.Background())
-	}()
+	vdone := sv.Hold(true)
 	tl, err := th.l.Lock(ctx, name)
 	if err != nil {
 		t.Fatal(err)
