@@ -4,32 +4,79 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
 
-// FreePort returns a TCP port on 127.0.0.1 that was free when it was chosen.
-// The port is released before FreePort returns, so another process may take
-// it in the meantime; callers that bind it should be ready to retry with a new
-// port. It calls t.Fatal if no port can be found.
+// FreePort returns a TCP port on 127.0.0.1 that is free and stays the
+// test's own until its cleanup, so that a server stopped and started again
+// finds its port still free (see [Env.FreePort]). It calls t.Fatal if no
+// port can be found.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	p, err := new(Env).FreePort()
+	e := new(Env)
+	t.Cleanup(func() { _ = e.Close() })
+	p, err := e.FreePort()
 	Require(t, err)
 	return p
 }
 
-// FreePort is [FreePort] returning an error when no port can be found.
-// It starts nothing for the Env to stop.
+// Reserved ports are chosen in [reservedLow, reservedHigh): below the
+// kernel's range of ephemeral ports (32768 and up on Linux, 49152 and up
+// on macOS and Windows), so that no outgoing connection and no listener on
+// port 0 is given one while its server is stopped.
+const reservedLow, reservedHigh = 20000, 32000
+
+var (
+	reservedMu sync.Mutex
+	reserved   = map[int]bool{} // ports this process holds
+)
+
+// FreePort returns a TCP port on 127.0.0.1 that is free now and is held for
+// the Env until its Close: no other FreePort, in this process or (where
+// file locks exist) in another, chooses it meanwhile, and it lies outside
+// the ephemeral range, so a server stopped mid-test (a restart, a whole
+// cluster's outage) can bind it again. Other programs on the machine are
+// not bound by the reservation.
 func (e *Env) FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("testenv: free port: %w", err)
+	for range 1000 {
+		p := reservedLow + rand.IntN(reservedHigh-reservedLow)
+		reservedMu.Lock()
+		taken := reserved[p]
+		reserved[p] = true
+		reservedMu.Unlock()
+		if taken {
+			continue
+		}
+		unlock, err := lockPort(p)
+		if err == nil {
+			var l net.Listener
+			if l, err = net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+				_ = l.Close()
+				release := func() error {
+					unlock()
+					reservedMu.Lock()
+					delete(reserved, p)
+					reservedMu.Unlock()
+					return nil
+				}
+				if err := e.OnClose(release); err != nil {
+					return 0, err
+				}
+				return p, nil
+			}
+			unlock()
+		}
+		reservedMu.Lock()
+		delete(reserved, p)
+		reservedMu.Unlock()
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("testenv: no free port in [%d, %d) after 1000 tries", reservedLow, reservedHigh)
 }
 
 // redisPing sends PING over a new connection to addr and checks the reply is

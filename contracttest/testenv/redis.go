@@ -23,7 +23,7 @@ const (
 	// answer PING.
 	redisReadyTimeout = 10 * time.Second
 	// redisStartAttempts is how many free ports StartRedis tries per server,
-	// since a port chosen by FreePort may be taken before redis binds it.
+	// since another program may bind a port FreePort chose before redis does.
 	redisStartAttempts = 3
 )
 

@@ -581,6 +581,18 @@ func (g *grants) grant(who string, l locks.Lease) {
 	g.leases = append(g.leases, grantRecord{who, l, at})
 }
 
+// firstOf returns when who was first granted a lease, and whether it was.
+func (g *grants) firstOf(who string) (time.Time, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, o := range g.leases {
+		if o.who == who {
+			return g.start.Add(o.at), true
+		}
+	}
+	return time.Time{}, false
+}
+
 // first returns the first lease granted.
 func (g *grants) first() locks.Lease {
 	g.mu.Lock()
@@ -603,27 +615,37 @@ func (g *grants) check(t *testing.T) {
 	}
 }
 
-// silence checks that the first write to the key by another than prefix,
-// after prefix's writes, came T or more after prefix's last write, by
-// the server's stamps (the server runs on this machine).
-func silence(t *testing.T, w *keyWatch, prefix string, T time.Duration) {
-	t.Helper()
+// takeover returns the last write by prefix and the first write by
+// another after it, the one that took the key over (a delete does not
+// count); ok is false if there is none yet.
+func (w *keyWatch) takeover(prefix string) (last, next keyWrite, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var last keyWrite
 	for _, kw := range w.writes {
 		if strings.HasPrefix(kw.value, prefix) {
 			last = kw
 			continue
 		}
 		if last.rev != 0 && kw.value != "" {
-			gap := kw.created.Sub(last.created)
-			t.Logf("%s's last write rev %d; the next write, rev %d by %q, %v later (T = %v)", prefix, last.rev, kw.rev, kw.value, gap.Round(time.Millisecond), T)
-			if gap < T {
-				t.Errorf("a dead holder's key was taken over %v after its last write, before T = %v", gap.Round(time.Millisecond), T)
-			}
-			return
+			return last, kw, true
 		}
+	}
+	return last, keyWrite{}, false
+}
+
+// silence checks that the first write to the key by another than prefix,
+// after prefix's writes, came T or more after prefix's last write, by
+// the server's stamps (the server runs on this machine).
+func silence(t *testing.T, w *keyWatch, prefix string, T time.Duration) {
+	t.Helper()
+	last, next, ok := w.takeover(prefix)
+	if !ok {
+		return
+	}
+	gap := next.created.Sub(last.created)
+	t.Logf("%s's last write rev %d; the next write, rev %d by %q, %v later (T = %v)", prefix, last.rev, next.rev, next.value, gap.Round(time.Millisecond), T)
+	if gap < T {
+		t.Errorf("a dead holder's key was taken over %v after its last write, before T = %v", gap.Round(time.Millisecond), T)
 	}
 }
 

@@ -26,6 +26,7 @@ package natsenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -69,7 +70,7 @@ const (
 	// settle before shutting it down.
 	quiesceTimeout = 5 * time.Second
 	// startAttempts is how many sets of free ports StartCluster tries, since
-	// a port chosen by testenv.FreePort may be taken before a node binds it.
+	// another program may bind a port testenv.FreePort chose before a node does.
 	startAttempts = 3
 
 	maxMemory = 256 << 20
@@ -116,8 +117,11 @@ func (e Env) URL(ctx context.Context) (string, error) {
 	return s.URL(), nil
 }
 
-// waitFor calls probe until it returns nil, ctx ends or timeout passes, and
-// returns its last error.
+// A final error from a probe ends waitFor at once: waiting cannot help.
+type final struct{ error }
+
+// waitFor calls probe until it returns nil or a final error, ctx ends or
+// timeout passes, and returns its last error.
 func waitFor(ctx context.Context, timeout time.Duration, probe func() error) error {
 	deadline := time.Now().Add(timeout)
 	delay := 10 * time.Millisecond
@@ -125,6 +129,10 @@ func waitFor(ctx context.Context, timeout time.Duration, probe func() error) err
 		err := probe()
 		if err == nil {
 			return nil
+		}
+		var f final
+		if errors.As(err, &f) {
+			return f.error
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%w (after %v)", err, timeout)

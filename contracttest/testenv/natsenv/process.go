@@ -143,14 +143,6 @@ func (s *Server) startProcess(ctx context.Context) error {
 	if err := binaryOptions(s.opts); err != nil {
 		return fmt.Errorf("natsenv: %s: %w", s.name, err)
 	}
-	if s.opts.Port == server.RANDOM_PORT {
-		port, err := s.env.FreePort()
-		if err != nil {
-			return fmt.Errorf("natsenv: %s: %w", s.name, err)
-		}
-		s.opts.Port = port
-		s.url = "nats://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.opts.Port))
-	}
 	if s.monitor == 0 {
 		port, err := s.env.FreePort()
 		if err != nil {
@@ -179,7 +171,7 @@ func (s *Server) startProcess(ctx context.Context) error {
 	err = waitFor(ctx, readyTimeout, func() error {
 		select {
 		case <-p.done:
-			return fmt.Errorf("exited: %s", cmd.ProcessState)
+			return final{fmt.Errorf("exited: %s", cmd.ProcessState)}
 		default:
 		}
 		var h struct {

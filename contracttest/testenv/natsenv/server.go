@@ -297,6 +297,15 @@ func (s *Server) start(ctx context.Context) error {
 }
 
 func (s *Server) startLocked(ctx context.Context) error {
+	if s.opts.Port == server.RANDOM_PORT {
+		// A port of its own, kept across restarts (see testenv.Env.FreePort).
+		port, err := s.env.FreePort()
+		if err != nil {
+			return fmt.Errorf("natsenv: %s: %w", s.name, err)
+		}
+		s.opts.Port = port
+		s.url = cmp.Or(s.scheme, "nats") + "://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.opts.Port))
+	}
 	if s.bin != "" {
 		if err := s.startProcess(ctx); err != nil {
 			return err
@@ -328,10 +337,6 @@ func (s *Server) startLocked(ctx context.Context) error {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 		return fmt.Errorf("natsenv: %s: JetStream did not start", s.name)
-	}
-	if s.opts.Port == server.RANDOM_PORT {
-		s.opts.Port = ns.Addr().(*net.TCPAddr).Port
-		s.url = cmp.Or(s.scheme, "nats") + "://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.opts.Port))
 	}
 	s.ns = ns
 	s.version = server.VERSION
