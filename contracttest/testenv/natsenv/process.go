@@ -150,11 +150,13 @@ func (s *Server) startProcess(ctx context.Context) error {
 		}
 		s.monitor = port
 	}
-	conf := filepath.Join(s.opts.StoreDir, "..", s.name+".conf")
+	// In the server's own temporary directory: a name such as
+	// latchkey-9-n2 is unique within one test process only.
+	conf := filepath.Join(filepath.Dir(s.opts.StoreDir), s.name+".conf")
 	if err := os.WriteFile(conf, []byte(processConfig(s.opts, s.monitor)), 0o600); err != nil {
 		return fmt.Errorf("natsenv: %s: %w", s.name, err)
 	}
-	logPath := filepath.Join(s.opts.StoreDir, "..", s.name+".log")
+	logPath := filepath.Join(filepath.Dir(s.opts.StoreDir), s.name+".log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("natsenv: %s: %w", s.name, err)

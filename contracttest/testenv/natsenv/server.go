@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,7 +139,7 @@ func newServer(e Env, name string, cluster *server.ClusterOpts) (*Server, error)
 		JetStream:              true,
 		JetStreamMaxMemory:     maxMemory,
 		JetStreamMaxStore:      maxStore,
-		StoreDir:               dir,
+		StoreDir:               filepath.Join(dir, "jetstream"), // a process's config and log beside it
 	}
 	if cluster != nil {
 		opts.Cluster = *cluster
