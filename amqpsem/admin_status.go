@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/latchkey-go/latchkey/locks"
 	"github.com/latchkey-go/latchkey/locks/driver"
@@ -151,8 +152,11 @@ func above(slots []int, c int) []int {
 // overshoot of [WithOvershoot] deletes such strays), can hold a slot above
 // C after WaitReleased returned; so can one whose administrator changes
 // the semaphore without the mutex. When ctx ends first, the error matches
-// ctx.Err() (and, inside a [locks.HeldError], says which slots were still
-// held at the last check).
+// ctx.Err(), and says what the last check or poll found: the slots it
+// found held, inside a [locks.HeldError] (so the error matches
+// [locks.ErrNotAcquired] too); or, when the last poll found none held and
+// ctx ended during the check of every slot number that follows it, that
+// none was held then (the error does not match [locks.ErrNotAcquired]).
 func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 	if err := checkCtx(ctx, "waitreleased", name); err != nil {
 		return err
@@ -166,10 +170,11 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 		return opError("waitreleased", name, err)
 	}
 	var (
-		last    error
-		known   []int // removed slots found held at the last check
-		from    = 0   // slots from here up were all checked (0: none yet)
-		noticed bool  // the mutex-wait notice was given
+		last    error     // the slots the last check or poll found held; nil if it found none
+		clearAt time.Time // when the last poll found none held (zero: none did)
+		known   []int     // removed slots found held at the last check
+		from    = 0       // slots from here up were all checked (0: none yet)
+		noticed bool      // the mutex-wait notice was given
 	)
 	try := func(ctx context.Context) (struct{}, error) {
 		if from > 0 {
@@ -194,6 +199,10 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 				last = &locks.HeldError{Name: name, Err: fmt.Errorf("removed slots %v still held", held)}
 				return struct{}{}, last
 			}
+			// The slots an earlier check found held are not any more:
+			// a ctx that ends during the check below must not report
+			// them.
+			last, clearAt = nil, time.Now()
 		}
 		// None found held (or the first check): check every slot number
 		// above C, holding the mutex.
@@ -214,8 +223,13 @@ func (a *Admin) WaitReleased(ctx context.Context, name string) error {
 	sub, unsubscribe := a.c.wakes.subscribe(ctx, name)
 	defer unsubscribe()
 	_, err = driver.Wait(ctx, sub.c, a.opts.backoff, try)
-	if err != nil && ctx.Err() != nil && last != nil {
-		return opError("waitreleased", name, errorf("%w (%w)", err, last))
+	if err != nil && ctx.Err() != nil {
+		switch {
+		case last != nil:
+			err = errorf("%w (%w)", err, last)
+		case !clearAt.IsZero():
+			err = errorf("%w (no removed slot was held at the last poll, %v before; the check of every slot number that follows it did not finish)", err, time.Since(clearAt).Round(time.Millisecond))
+		}
 	}
 	return opError("waitreleased", name, err)
 }

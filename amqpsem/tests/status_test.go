@@ -146,6 +146,58 @@ func TestWaitReleasedCancelledDuringCheck(t *testing.T) {
 	}
 }
 
+// A WaitReleased whose ctx ends after its last poll found no removed slot
+// held, during the check of every slot number that would have returned
+// nil, says so: it does not report the slots an earlier check found held
+// as still held, nor match [locks.ErrNotAcquired]. (It did, and sent the
+// diagnosis of a bound too short for two checks after a removed slot
+// holder that had let go within a second.)
+func TestWaitReleasedErrorSaysWhatLastPollFound(t *testing.T) {
+	u, _ := amqpURL(t)
+	name := newName(t, u)
+	ctx := longCtx(t)
+	a := admin(t, dial(t, u))
+	if err := a.Create(ctx, name, 3); err != nil {
+		t.Fatal(err)
+	}
+	holders := rawConn(t, u)
+	q := amqpsem.DefaultLayout.Holder(name, 3)
+	holdQueue(t, holders, q)
+	if _, err := a.Resize(ctx, name, 2); err != nil {
+		t.Fatal(err)
+	}
+	// The administration mutex (the queue name, in the default layout)
+	// is held during each check of every slot number, and only then.
+	watch := rawConn(t, u)
+	mutex := func(state string) func() bool {
+		return func() bool { return watch.state(name) == state }
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- a.WaitReleased(wctx, name) }()
+	waitFor(t, longWait, "first check of every slot number started", mutex("locked"))
+	waitFor(t, longWait, "first check of every slot number over", mutex("absent"))
+	holders.delete(q) // after the first check found it: a poll finds it gone
+	waitFor(t, longWait, "second check of every slot number started", mutex("locked"))
+	cancel()
+	err := <-done
+	t.Logf("WaitReleased cancelled after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	if err == nil {
+		t.Skip("the second check of every slot number finished before the cancel reached it: nothing to check")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitReleased = %v, want an error matching context.Canceled", err)
+	}
+	if errors.Is(err, locks.ErrNotAcquired) || strings.Contains(err.Error(), "still held") {
+		t.Errorf("WaitReleased = %v: reports slot 3 as held after a poll found it free", err)
+	}
+	if !strings.Contains(err.Error(), "no removed slot was held at the last poll") {
+		t.Errorf("WaitReleased = %v: does not say that the last poll found no removed slot held", err)
+	}
+}
+
 // TestWaitReleasedSeesSlotTakenWhileGrown: a wait is running for a removed slot
 // (9, C=5); meanwhile the semaphore grows to 10, a holder takes slot 6 or 8
 // while it exists (a library Semaphore whose slots 1..5 are taken, or a
@@ -541,21 +593,33 @@ func TestWaitReleasedWithAcquiresRacingRemoval(t *testing.T) {
 // the Status loop's scans; see TestStatusScansDoNotStarveVerify. Each
 // Status took 4 to 10s there, against "about a second, a few under the
 // race detector".
+//
+// SEEN twice in six CI runs: WaitReleased failed with "removed slots [3]
+// still held" after a fixed 20s. Nothing held slot 3 that long: its holder
+// let go at its next verification, the wait's poll then found no removed
+// slot held, and its ctx ended during the second check of every slot
+// number (two checks are documented once holders were found; each took 9
+// to 11s here on a loaded 2-core machine, 8 to 10s under -race); the error
+// reported the first check's finding.
+// The wait's bound is now measured (releasedBound), and the error says
+// what the last poll found (TestWaitReleasedErrorSaysWhatLastPollFound).
 func TestWaitReleasedDuringChurn(t *testing.T) {
 	url, _ := amqpURL(t)
+	sl := measureSlack(t, url)
 	name := newName(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := longCtx(t)
 	ac := dial(t, url)
 	admin := admin(t, ac)
 	if err := admin.Create(ctx, name, 4); err != nil {
 		t.Fatal(err)
 	}
+	check := checkTime(t, ctx, admin, name) // before the churn: it takes long
 	rec := newLeaseHistory(4)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	const verifyMax = 400 * time.Millisecond // the churners' longest verify interval
 	for i := range 4 {
-		c := dial(t, url, amqpsem.WithVerifyInterval(time.Duration(100*(i+1))*time.Millisecond))
+		c := dial(t, url, amqpsem.WithVerifyInterval(verifyMax*time.Duration(i+1)/4))
 		sem, _ := c.Semaphore(amqpsem.MaxSemaphoreSize)
 		who := fmt.Sprintf("churn%d", i)
 		wg.Go(func() {
@@ -631,7 +695,11 @@ func TestWaitReleasedDuringChurn(t *testing.T) {
 	close(stopStatus) // each Status is a full scan: let WaitReleased have the broker
 	endStatus()
 	statusWG.Wait()
-	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	// A holder of slot 3 or 4 lets go at its next verification at the
+	// latest (new acquires do not take them), then WaitReleased returns
+	// within releasedBound.
+	bound := verifyMax + releasedBound(sl, check)
+	wctx, wcancel := context.WithTimeout(ctx, bound)
 	werr := admin.WaitReleased(wctx, name)
 	wcancel()
 	returned, returnedH := time.Now(), rec.all.Now()
@@ -647,7 +715,7 @@ func TestWaitReleasedDuringChurn(t *testing.T) {
 		}
 	}
 	if werr != nil {
-		t.Errorf("WaitReleased: %v", werr)
+		t.Errorf("WaitReleased (bound %v: a check took %v; %v): %v", bound, check, sl, werr)
 	}
 	rec.check(t)
 	t.Logf("WaitReleased returned %v after %v; %d leases, %d statuses", werr, returned.Sub(t0), rec.all.Len(), statuses.Load())
