@@ -2,6 +2,7 @@ package contracttest
 
 import (
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -50,26 +51,33 @@ func MeasureBound(t testing.TB, documented time.Duration, roundTrip func() error
 // watcher alike. Call stop once, before Check; it returns when the
 // watcher has ended.
 func (b *Bound) Watch() (stop func()) {
+	var longest time.Duration
+	end := watchStalls(func(d time.Duration) { longest = max(longest, d) })
+	return func() {
+		end()
+		b.Scheduler = max(b.Scheduler, longest)
+	}
+}
+
+// watchStalls passes how long each 1ms sleep overshot to seen, from a
+// goroutine of its own, until stop, which returns once it has ended.
+func watchStalls(seen func(time.Duration)) (stop func()) {
 	done := make(chan struct{})
-	ended := make(chan time.Duration)
+	ended := make(chan struct{})
 	go func() {
-		var longest time.Duration
+		defer close(ended)
 		for {
 			select {
 			case <-done:
-				ended <- longest
 				return
 			default:
 			}
 			start := time.Now()
 			time.Sleep(time.Millisecond)
-			longest = max(longest, time.Since(start)-time.Millisecond)
+			seen(time.Since(start) - time.Millisecond)
 		}
 	}()
-	return func() {
-		close(done)
-		b.Scheduler = max(b.Scheduler, <-ended)
-	}
+	return func() { close(done); <-ended }
 }
 
 // Limit is the bound with its slack: the documented bound, two round
@@ -93,4 +101,46 @@ func (b Bound) Check(t testing.TB, what string, took time.Duration) {
 func (b Bound) String() string {
 	return fmt.Sprintf("%v (documented %v + round trip %v ×2 + scheduler %v ×4, at least 50ms)",
 		b.Limit(), b.Documented, b.RoundTrip, b.Scheduler)
+}
+
+// A WatchedBound is a Bound whose scheduler slack keeps growing, from its
+// making until the test ends, to the longest a 1ms sleep has overshot
+// meanwhile (as [Bound.Watch] measures it for one operation): for tests
+// that check several waits, or whose wait spans set-up steps. Make one
+// with [Bound.Watched]; its methods are safe to call from any goroutine.
+type WatchedBound struct {
+	base    Bound
+	longest atomic.Int64 // nanoseconds
+}
+
+// Watched starts watching the scheduler for b until t's cleanup.
+func (b Bound) Watched(t testing.TB) *WatchedBound {
+	w := &WatchedBound{base: b}
+	t.Cleanup(watchStalls(func(d time.Duration) {
+		if int64(d) > w.longest.Load() {
+			w.longest.Store(int64(d)) // the watcher is the one writer
+		}
+	}))
+	return w
+}
+
+// Bound returns the bound with the scheduler's delay seen so far.
+func (w *WatchedBound) Bound() Bound {
+	b := w.base
+	b.Scheduler = max(b.Scheduler, time.Duration(w.longest.Load()))
+	return b
+}
+
+// With returns the bound of another documented wait with the same slack
+// so far.
+func (w *WatchedBound) With(documented time.Duration) Bound {
+	b := w.Bound()
+	b.Documented = documented
+	return b
+}
+
+// Check is [Bound.Check] with the scheduler's delay seen so far.
+func (w *WatchedBound) Check(t testing.TB, what string, took time.Duration) {
+	t.Helper()
+	w.Bound().Check(t, what, took)
 }

@@ -80,3 +80,19 @@ func (f *fakeTB) Fatalf(string, ...any) {
 	f.failed = true
 	panic("fatal")
 }
+
+// TestWatchedBoundWidensUntilCleanup: a WatchedBound's scheduler slack
+// grows with a stall that comes after it was made, before any Check.
+func TestWatchedBoundWidensUntilCleanup(t *testing.T) {
+	w := Bound{Documented: time.Second}.Watched(t)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for start := time.Now(); time.Since(start) < 50*time.Millisecond; {
+	}
+	time.Sleep(5 * time.Millisecond) // let the watcher record its overshoot
+	if s := w.Bound().Scheduler; s < 2*time.Millisecond {
+		t.Errorf("the watched bound saw a scheduler delay of %v through 50ms of one busy P", s)
+	}
+	if got := w.With(time.Minute); got.Documented != time.Minute || got.Scheduler < 2*time.Millisecond {
+		t.Errorf("With gave %v, want the documented minute and the slack so far", got)
+	}
+}

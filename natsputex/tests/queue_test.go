@@ -389,10 +389,10 @@ func killableClient(t *testing.T, q queueTarget) (locks.Locker, func()) {
 	return newClientOn(t, nc, js, q.bucket).Locker(), nc.Close
 }
 
-func (q queueTarget) bound(t *testing.T, documented time.Duration) contracttest.Bound {
+func (q queueTarget) bound(t *testing.T, documented time.Duration) *contracttest.WatchedBound {
 	t.Helper()
 	slack := measureSlack(t, q.urls, q.bucket)
-	return contracttest.Bound{Documented: documented, RoundTrip: slack / 4}
+	return contracttest.Bound{Documented: documented, RoundTrip: slack / 4}.Watched(t)
 }
 
 // TestQueueDeadWaitersAnywhere: four Locks queue behind a holder; the
@@ -436,8 +436,7 @@ func TestQueueDeadWaitersAnywhere(t *testing.T) {
 			}
 			// The second held 50ms; the fourth is head next (the dead
 			// waiter's pull request is dropped), within a hand-off.
-			next := contracttest.Bound{Documented: 50 * time.Millisecond, RoundTrip: b.RoundTrip}
-			next.Check(t, "the hand-off past a dead waiter in the middle", g4.at.Sub(g2.at))
+			b.With(50*time.Millisecond).Check(t, "the hand-off past a dead waiter in the middle", g4.at.Sub(g2.at))
 			t.Logf("second after %v, fourth %v later", g2.at.Sub(killed), g4.at.Sub(g2.at))
 			s.check(t)
 		})
@@ -584,12 +583,11 @@ func TestQueueReservedKeyDeadHead(t *testing.T) {
 			if err != nil || len(e.Value()) == 0 {
 				t.Fatalf("after a queued lease's release the key is %v, %v; want it reserved", e, err)
 			}
-			fresh := contracttest.Bound{Documented: 0, RoundTrip: b.RoundTrip}
 			start := time.Now()
 			if g := <-lockAndHold(ctx, s, "late", newTestClient(t, q.urls, q.bucket).Locker(), 0); g.err != nil {
 				t.Fatal(g.err)
 			} else {
-				fresh.Check(t, "a Lock of a reserved key nobody waits for", g.at.Sub(start))
+				b.With(0).Check(t, "a Lock of a reserved key nobody waits for", g.at.Sub(start))
 			}
 			s.check(t)
 		})
@@ -668,8 +666,7 @@ func TestQueueServerRestartUnderWaiters(t *testing.T) {
 				if !lastAt.IsZero() {
 					// Each waiter held 50ms: the next one is served within a
 					// hand-off, or a dead head's T at most.
-					handOff := contracttest.Bound{Documented: 50*time.Millisecond + testF*testR, RoundTrip: b.RoundTrip}
-					handOff.Check(t, "a hand-off after the restart", g.at.Sub(lastAt))
+					b.With(50*time.Millisecond+testF*testR).Check(t, "a hand-off after the restart", g.at.Sub(lastAt))
 				}
 				if firstAt.IsZero() || g.at.Before(firstAt) {
 					firstAt = g.at
@@ -757,7 +754,7 @@ func TestQueueBucketMadeAgainUnderWaiters(t *testing.T) {
 			made := time.Now()
 			select {
 			case <-holder.Context().Done():
-			case <-time.After(testR + b.Limit()):
+			case <-time.After(testR + b.Bound().Limit()):
 				t.Errorf("the holder still holds %v after its bucket was made again", time.Since(made))
 			}
 			merged := merge(waits)

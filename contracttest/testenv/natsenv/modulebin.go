@@ -27,12 +27,14 @@ var moduleBinary struct {
 // natsenv embeds), building it once into the user's cache directory
 // ($XDG_CACHE_HOME/latchkey, with go install; a few minutes the first
 // time on a small machine, nothing after). Test processes that build it
-// at once wait for one another. A cluster's nodes run from it as
-// separate processes (see [ClusterConfig.Embedded]): the race detector
-// then watches the code under test, not the server's, whose clustered
-// streams have data races it reports (nats-server 2.11 to 2.14: a
-// stream's expected-last-sequence map, checked without its lock after
-// each leader change).
+// at once wait for one another. Servers and clusters' nodes run from it
+// as separate processes (see [ServerConfig.Embedded] and
+// [ClusterConfig.Embedded]): the race detector then watches the code
+// under test, not the server's, which has data races it reports
+// (nats-server 2.11.17: a clustered stream's expected-last-sequence map,
+// checked without its lock after each leader change, still so in 2.14;
+// a consumer's configuration, written while a consumer-names request
+// reads it).
 func (e Env) ModuleBinary() (string, error) {
 	moduleBinary.once.Do(func() {
 		moduleBinary.path, moduleBinary.err = buildModuleBinary()

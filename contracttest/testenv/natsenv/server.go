@@ -46,7 +46,8 @@ type Server struct {
 
 // StartServer starts a single NATS server with JetStream on a free port of
 // 127.0.0.1, storing in a temporary directory, and returns once it accepts
-// clients. It is shut down at the end of the test. The test fails if the
+// clients. It runs as a process of [Env.ModuleBinary] (see
+// [ServerConfig.Embedded]). It is shut down at the end of the test. The test fails if the
 // server cannot start. StartServer must be called from the goroutine running
 // the test.
 func StartServer(t testing.TB) *Server {
@@ -69,9 +70,20 @@ type ServerConfig struct {
 	// and have JetStream. It excludes User and Password.
 	Operator *Operator
 	// Binary, if set, is the path of a nats-server program (see
-	// [Binary]) to run the server from, as a separate process, instead
-	// of embedding it. It excludes TLS, User, Password and Operator.
+	// [Binary]) to run the server from, as a separate process. Unset, the
+	// server runs from [Env.ModuleBinary], the embedded version built as a
+	// program, unless Embedded, TLS, User, Password or Operator is set:
+	// those run in the test process. Binary excludes them.
 	Binary string
+	// Embedded runs the server in the test process (nats-server/v2 as a
+	// library). The race detector then watches the server's code too,
+	// and reports its data races (see [Env.ModuleBinary]).
+	Embedded bool
+}
+
+// embedded reports whether cfg asks for what only an embedded server has.
+func (cfg ServerConfig) embedded() bool {
+	return cfg.Embedded || cfg.TLS != nil || cfg.User != "" || cfg.Password != "" || cfg.Operator != nil
 }
 
 // StartServerWith is [StartServer] with cfg.
@@ -88,6 +100,16 @@ func StartServerWith(t testing.TB, cfg ServerConfig) *Server {
 func (e Env) StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 	if cfg.Operator != nil && (cfg.User != "" || cfg.Password != "") {
 		return nil, errors.New("natsenv: a server in operator mode has no user and password of its own")
+	}
+	if cfg.Binary != "" && cfg.Embedded {
+		return nil, errors.New("natsenv: a server is either embedded or run from a binary")
+	}
+	if cfg.Binary == "" && !cfg.embedded() {
+		bin, err := e.ModuleBinary()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Binary = bin
 	}
 	s, err := newServer(e, fmt.Sprintf("latchkey-%d", seq.Add(1)), nil)
 	if err != nil {
