@@ -17,8 +17,8 @@
 //
 // [Systems] is the registry, one [Entry] per system, named exactly as in
 // the results:
-//   - backends: memlock (in-process, the ceiling), natsputex (one embedded
-//     NATS node) and natsputex/R3 (a 3-node cluster, bucket with 3
+//   - backends: memlock (in-process, the ceiling), natsputex (one NATS node,
+//     a process of the nats-server version the module links) and natsputex/R3 (a 3-node cluster, bucket with 3
 //     replicas), amqpsem/mutex and amqpsem/semaphore (a one-slot semaphore
 //     in the lock scenarios), amqpsem/quorum (the quorum-queue layout),
 //     redlockprio/N1, /N3, /N5 (Redis masters);
@@ -82,7 +82,7 @@
 //     intervals; ops/s is renewal round trips per second to all masters
 //     (counted at the client: go-redis hooks, NATS OutMsgs), with the round
 //     trips per master per tick and the heap growth per lease (of the whole
-//     process, so it includes an embedded NATS server's share). Peers do
+//     process; the NATS servers run in processes of their own). Peers do
 //     not renew by themselves: the scenario renews each lease once per
 //     interval, as their users must. Systems with TTL leases over a network
 //     only.

@@ -59,8 +59,8 @@ func (b *natsBase) roundTrips() uint64 {
 // brokerOps counts the messages this process's connections of the system
 // published (requests, and the odd ack) and received (replies, watch and
 // subscription updates): the server's in_msgs and out_msgs for these
-// connections, counted at the client because the embedded server has no
-// monitoring port. Each worker process counts its own.
+// connections, counted at the client (the server's own statistics mix
+// every system's connections). Each worker process counts its own.
 func (b *natsBase) brokerOps(context.Context) (brokerOps, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

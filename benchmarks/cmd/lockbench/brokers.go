@@ -44,20 +44,20 @@ func startBrokers(ctx context.Context, entries []benchmarks.Entry, log func(stri
 	nats := natsenv.In(b.owner)
 	if _, ok := need[benchmarks.NATS]; ok {
 		if s, err := nats.StartServer(ctx, natsenv.ServerConfig{}); err != nil {
-			b.missing[benchmarks.NATS] = "embedded NATS server did not start: " + err.Error()
+			b.missing[benchmarks.NATS] = "NATS server did not start: " + err.Error()
 		} else {
 			b.env.NATS = s.URL()
-			b.about["NATS"] = "embedded nats-server " + s.Version() + " (in-process, JetStream on disk, " + s.URL() + ")"
-			log("lockbench: NATS: embedded server %s at %s", s.Version(), s.URL())
+			b.about["NATS"] = "nats-server " + s.Version() + " (a process, JetStream on disk, " + s.URL() + ")"
+			log("lockbench: NATS: nats-server %s at %s", s.Version(), s.URL())
 		}
 	}
 	if _, ok := need[benchmarks.NATSCluster]; ok {
 		if c, err := nats.StartCluster(ctx, 3, natsenv.ClusterConfig{}); err != nil {
-			b.missing[benchmarks.NATSCluster] = "embedded 3-node NATS cluster did not start: " + err.Error()
+			b.missing[benchmarks.NATSCluster] = "3-node NATS cluster did not start: " + err.Error()
 		} else {
 			b.env.NATSCluster = c.URLs()
-			b.about["NATS cluster"] = "3 embedded nats-server " + c.Versions()[0] + " nodes (in-process, one JetStream cluster)"
-			log("lockbench: NATS cluster: 3 embedded nodes at %s", c.URLs())
+			b.about["NATS cluster"] = "3 nats-server " + c.Versions()[0] + " processes (one JetStream cluster)"
+			log("lockbench: NATS cluster: 3 nodes at %s", c.URLs())
 		}
 	}
 	if n, ok := need[benchmarks.Redis]; ok {

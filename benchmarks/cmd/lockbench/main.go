@@ -99,7 +99,8 @@ twin's ops/s ÷ variant's − 1). They skip many, mixed-priority and
 hung-minority.
 
 Brokers (started or found, as testenv does for the tests; loopback only):
-  NATS      embedded nats-server, always (one node and a 3-node cluster)
+  NATS      nats-server processes of the version lockbench links, built
+            once with go install (one node and a 3-node cluster)
   Redis     LOCKS_REDIS_ADDRS (5 independent masters), else 5 redis-server
             processes started from the PATH on free ports (else Docker)
   RabbitMQ  LOCKS_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/

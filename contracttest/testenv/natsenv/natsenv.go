@@ -1,15 +1,14 @@
-// Package natsenv provides NATS servers with JetStream to tests: a single
-// node embedded in the test process (nats-server/v2 as a library) on
-// loopback ports, so that tests need nothing installed; a cluster of
-// processes of the same version, built from that module once
-// ([Env.ModuleBinary]), or embedded ([ClusterConfig]); or servers run from
-// a nats-server program ([Binary], such as an older release than the
-// embedded one) as separate processes on loopback ports
-// ([StartBinaryServer], [StartBinaryCluster]). [Server.Version] says which
-// version each node runs. An embedded server may require TLS, a password
-// or, in operator mode, JWT credentials ([ServerConfig]); an embedded
-// cluster's routes may go through fault proxies, to partition nodes
-// ([ClusterConfig]).
+// Package natsenv provides NATS servers with JetStream to tests, on
+// loopback ports, so that tests need nothing installed: a single node or a
+// cluster run as processes of the nats-server version the test links,
+// built from that module once ([Env.ModuleBinary]), or embedded in the
+// test process (nats-server/v2 as a library; [ServerConfig.Embedded],
+// [ClusterConfig.Embedded]); or servers run from another nats-server
+// program ([Binary], such as an older release) ([StartBinaryServer],
+// [StartBinaryCluster]). [Server.Version] says which version each node
+// runs. An embedded server may require TLS, a password or, in operator
+// mode, JWT credentials ([ServerConfig]); an embedded cluster's routes may
+// go through fault proxies, to partition nodes ([ClusterConfig]).
 //
 // It is a module of its own, separate from testenv, so that the NATS server
 // is only in the module graph of the backends that use it.
@@ -94,7 +93,7 @@ func forTest(t testing.TB) Env {
 
 // URL returns the client URL of a NATS server with JetStream the test can use:
 // the LOCKS_NATS_URL environment variable if it is set (it may list several
-// URLs, comma-separated), or else the URL of a single embedded server started
+// URLs, comma-separated), or else the URL of a single server started
 // for the test by [StartServer]. A server from the environment is shared, so
 // tests use unique bucket and key names. URL must be called from the
 // goroutine running the test.
