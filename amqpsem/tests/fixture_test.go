@@ -135,6 +135,17 @@ func dial(t *testing.T, rawURL string, opts ...amqpsem.Option) *amqpsem.Client {
 	return c
 }
 
+// adminDial is dial for a client whose Admin scans every slot number
+// (Status, WaitReleased): with the tests' 1s heartbeat, a broker busy with
+// a scan's 65,535 probes on a loaded machine let the client's connection
+// go 3s without a frame, and it was closed (two CI runs: 501 "i/o
+// timeout" mid-Status). Its heartbeat is 5s; its leases, the
+// administration mutex's, are not what these tests time.
+func adminDial(t *testing.T, rawURL string, opts ...amqpsem.Option) *amqpsem.Client {
+	t.Helper()
+	return dial(t, rawURL, append([]amqpsem.Option{amqpsem.WithHeartbeat(5 * time.Second)}, opts...)...)
+}
+
 func admin(t *testing.T, c *amqpsem.Client, opts ...amqpsem.Option) *amqpsem.Admin {
 	t.Helper()
 	a, err := c.Admin(opts...)

@@ -29,7 +29,7 @@ func TestStatusAndWaitSeeEveryRemovedSlot(t *testing.T) {
 	u, _ := amqpURL(t)
 	name := newName(t, u)
 	ctx := longCtx(t)
-	a := admin(t, dial(t, u))
+	a := admin(t, adminDial(t, u))
 	if err := a.Create(ctx, name, 100); err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestWaitReleasedEndsWhenHolderLetsGo(t *testing.T) {
 	sl := measureSlack(t, u)
 	name := newName(t, u)
 	ctx := longCtx(t)
-	a := admin(t, dial(t, u))
+	a := admin(t, adminDial(t, u))
 	if err := a.Create(ctx, name, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestWaitReleasedCancelledDuringCheck(t *testing.T) {
 	u, _ := amqpURL(t)
 	name := newName(t, u)
 	ctx := longCtx(t)
-	a := admin(t, dial(t, u))
+	a := admin(t, adminDial(t, u))
 	if err := a.Create(ctx, name, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestWaitReleasedCancelledDuringCheck(t *testing.T) {
 			t.Fatalf("WaitReleased with a %v ctx still running after %v", d, time.Since(start).Round(time.Millisecond))
 		}
 		cancel()
-		other, err := admin(t, dial(t, u)).Add(tctx(t), name, 1)
+		other, err := admin(t, adminDial(t, u)).Add(tctx(t), name, 1)
 		if err != nil {
 			t.Fatalf("Add by another admin after the cancelled wait: %v", err)
 		}
@@ -156,7 +156,7 @@ func TestWaitReleasedErrorSaysWhatLastPollFound(t *testing.T) {
 	u, _ := amqpURL(t)
 	name := newName(t, u)
 	ctx := longCtx(t)
-	a := admin(t, dial(t, u))
+	a := admin(t, adminDial(t, u))
 	if err := a.Create(ctx, name, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestWaitReleasedSeesSlotTakenWhileGrown(t *testing.T) {
 	for _, lib := range []bool{true, false} {
 		t.Run(fmt.Sprintf("library=%v", lib), func(t *testing.T) {
 			name := newName(t, url)
-			c := dial(t, url)
+			c := adminDial(t, url)
 			a := admin(t, c)
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 			defer cancel()
@@ -304,7 +304,7 @@ func TestWaitReleasedSeesNewlyRemovedSlots(t *testing.T) {
 	url, _ := amqpURL(t)
 	sl := measureSlack(t, url)
 	name := newName(t, url)
-	c := dial(t, url)
+	c := adminDial(t, url)
 	a := admin(t, c)
 	ctx := longCtx(t)
 	if err := a.Create(ctx, name, 10); err != nil {
@@ -320,7 +320,7 @@ func TestWaitReleasedSeesNewlyRemovedSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	check := checkTime(t, ctx, a, name)
-	a2 := admin(t, dial(t, url))
+	a2 := admin(t, adminDial(t, url))
 	done := waitReleasedInBackground(a2, name, longWait)
 	time.Sleep(3 * time.Second)
 	if _, err := a.Resize(ctx, name, 2); err != nil {
@@ -353,7 +353,7 @@ func TestWaitReleasedSeesNewlyRemovedSlots(t *testing.T) {
 func TestCommandWaitSeesSlotTakenWhileGrown(t *testing.T) {
 	url, host := amqpURL(t)
 	name := newName(t, url)
-	c := dial(t, url)
+	c := adminDial(t, url)
 	a := admin(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -425,7 +425,7 @@ func TestStatusSeesLastSlotOfLongName(t *testing.T) {
 			limit := tc.layout.SlotLimit(name)
 			t.Logf("%d-byte name: SlotLimit %d", len(name), limit)
 			destroyAtCleanup(t, url, name)
-			c := dial(t, url)
+			c := adminDial(t, url)
 			a := admin(t, c, amqpsem.WithLayout(tc.layout))
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
@@ -459,7 +459,7 @@ func TestWaitReleasedEndsWhenGrownBack(t *testing.T) {
 	url, _ := amqpURL(t)
 	sl := measureSlack(t, url)
 	name := newName(t, url)
-	a := admin(t, dial(t, url))
+	a := admin(t, adminDial(t, url))
 	ctx := longCtx(t)
 	if err := a.Create(ctx, name, 10); err != nil {
 		t.Fatal(err)
@@ -471,7 +471,7 @@ func TestWaitReleasedEndsWhenGrownBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	check := checkTime(t, ctx, a, name)
-	done := waitReleasedInBackground(admin(t, dial(t, url)), name, longWait)
+	done := waitReleasedInBackground(admin(t, adminDial(t, url)), name, longWait)
 	time.Sleep(3 * time.Second)
 	if _, err := a.Resize(ctx, name, 10); err != nil {
 		t.Fatal(err)
@@ -499,7 +499,7 @@ func TestWaitReleasedWithAcquiresRacingRemoval(t *testing.T) {
 	sl := measureSlack(t, url)
 	name := newName(t, url)
 	ctx := longCtx(t)
-	admin := admin(t, dial(t, url))
+	admin := admin(t, adminDial(t, url))
 	if err := admin.Create(ctx, name, 8); err != nil {
 		t.Fatal(err)
 	}
@@ -608,7 +608,7 @@ func TestWaitReleasedDuringChurn(t *testing.T) {
 	sl := measureSlack(t, url)
 	name := newName(t, url)
 	ctx := longCtx(t)
-	ac := dial(t, url)
+	ac := adminDial(t, url)
 	admin := admin(t, ac)
 	if err := admin.Create(ctx, name, 4); err != nil {
 		t.Fatal(err)

@@ -138,8 +138,14 @@ func TestProxyTriggerRedis(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the trigger did not fire on a SET")
 	}
-	if got := dialRedis(t, s.Addr()).do(t, "GET", "k"); got != "$landed" {
-		t.Errorf("GET k directly = %q, want the SET whose answer was lost to have landed", got)
+	// The trigger fires before the SET goes on upstream: poll for it.
+	direct := dialRedis(t, s.Addr())
+	got := direct.do(t, "GET", "k")
+	for until := time.Now().Add(5 * time.Second); got != "$landed" && time.Now().Before(until); got = direct.do(t, "GET", "k") {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got != "$landed" {
+		t.Errorf("GET k directly = %q 5s after the trigger fired, want the SET whose answer was lost to have landed", got)
 	}
 	if got := c.do(t, "PING"); got != "+PONG" {
 		t.Errorf("PING after the lost answer = %q, want +PONG (and not the lost +OK)", got)

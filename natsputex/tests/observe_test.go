@@ -127,6 +127,7 @@ func (w *keyWatch) blanksAfter(t time.Time) []keyWrite {
 // key from another token's write (which must then have been T old).
 func checkTakeovers(t *testing.T, writes *keyWatch, n *node, T, CR time.Duration) {
 	t.Helper()
+	writes.catchUp(t)
 	all := writes.all()
 	for _, st := range n.getStarts() {
 		// The start's fencing token is the revision of the write that won
@@ -674,6 +675,8 @@ type keyWrite struct {
 type keyWatch struct {
 	mu     sync.Mutex
 	writes []keyWrite
+
+	urls, bucket, key string // for catchUp
 }
 
 // watchWrites watches key until the test's cleanup.
@@ -694,7 +697,7 @@ func watchWrites(t *testing.T, url, bucket, key string) *keyWatch {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &keyWatch{}
+	w := &keyWatch{urls: url, bucket: bucket, key: key}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -708,6 +711,46 @@ func watchWrites(t *testing.T, url, bucket, key string) *keyWatch {
 	}()
 	t.Cleanup(func() { _ = kw.Stop(); <-done }) // before mustBucket's close
 	return w
+}
+
+// catchUp waits, up to 10s, until the watch has seen the key's last
+// write (a delete included): a watch restarted across a stream leader's
+// restart delivered a takeover write after the test had read its writes
+// (a CI run: a Start's token "not a revision its token was written at").
+func (w *keyWatch) catchUp(t *testing.T) {
+	t.Helper()
+	nc, js, err := connect(w.urls)
+	if err != nil {
+		t.Logf("catching the watch up: %v", err)
+		return
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := js.Stream(ctx, "KV_"+w.bucket)
+	if err != nil {
+		t.Logf("catching the watch up: %v", err)
+		return
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, "$KV."+w.bucket+"."+w.key)
+	if err != nil {
+		t.Logf("catching the watch up: %v", err)
+		return
+	}
+	for {
+		w.mu.Lock()
+		seen := len(w.writes) > 0 && w.writes[len(w.writes)-1].rev >= last.Sequence
+		w.mu.Unlock()
+		if seen {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Logf("the watch has not seen the key's last write (rev %d) after 10s", last.Sequence)
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // valueToken returns the token in a key's value: a Supervisor writes its

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,6 +132,34 @@ type clientSetup struct {
 	proxied         bool
 	retrying        bool
 	dialOnce        bool
+	timeouts        *atomic.Int64 // counts calls that timed out
+}
+
+// countingTimeouts counts, in n, the client's calls to a master that
+// ended with a timeout (its context's deadline, or the socket's).
+func countingTimeouts(n *atomic.Int64) clientOption {
+	return func(s *clientSetup) { s.timeouts = n }
+}
+
+// timeoutCounter is the go-redis hook of countingTimeouts.
+type timeoutCounter struct{ n *atomic.Int64 }
+
+func (h timeoutCounter) count(err error) error {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		h.n.Add(1)
+	}
+	return err
+}
+
+func (h timeoutCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h timeoutCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { return h.count(next(ctx, cmd)) }
+}
+
+func (h timeoutCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { return h.count(next(ctx, cmds)) }
 }
 
 // with adds redlockprio options, applied in order after the tests' TTL
@@ -193,7 +222,11 @@ func mustClient(t testing.TB, addrs []string, opts ...clientOption) *client {
 		if s.dialOnce {
 			o.DialerRetries = 1
 		}
-		rcs = append(rcs, redis.NewClient(o))
+		rc := redis.NewClient(o)
+		if s.timeouts != nil {
+			rc.AddHook(timeoutCounter{s.timeouts})
+		}
+		rcs = append(rcs, rc)
 	}
 	if !s.packageDefaults {
 		s.options = append(testTiming(), s.options...)

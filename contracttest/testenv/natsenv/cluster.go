@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/latchkey-go/latchkey/contracttest/testenv"
 )
@@ -438,7 +439,8 @@ func (c *Cluster) waitReadyWithin(timeout time.Duration) error {
 }
 
 // ready returns nil if a meta leader is elected among the running nodes,
-// it sees all of them, and all of them are healthy.
+// it sees all of them, all of them are healthy, and it places a stream on
+// them all.
 func (c *Cluster) ready() error {
 	var running []*Server
 	for _, s := range c.servers {
@@ -464,6 +466,32 @@ func (c *Cluster) ready() error {
 		if err := s.healthy(); err != nil {
 			return err
 		}
+	}
+	return placeable(leader.URL(), len(running))
+}
+
+// placeable returns nil once the meta leader at url places a stream with a
+// replica on each of n nodes. A cluster of processes whose meta group sees
+// every node healthy still refused that now and then for a moment after a
+// start ("no suitable peers for placement, peer offline": the leader had
+// not yet heard a new node's statistics), and a test's first bucket
+// failed.
+func placeable(url string, n int) error {
+	nc, err := nats.Connect(url, nats.Name("natsenv readiness"), nats.MaxReconnects(0))
+	if err != nil {
+		return fmt.Errorf("natsenv: placement probe: %w", err)
+	}
+	defer nc.Close()
+	js, err := nc.JetStream(nats.MaxWait(5 * time.Second))
+	if err != nil {
+		return fmt.Errorf("natsenv: placement probe: %w", err)
+	}
+	name := fmt.Sprintf("natsenv_placement_%d", seq.Add(1))
+	if _, err := js.AddStream(&nats.StreamConfig{Name: name, Subjects: []string{"natsenv.placement." + name}, Replicas: min(n, 5), Storage: nats.MemoryStorage}); err != nil {
+		return fmt.Errorf("natsenv: placement probe: %w", err)
+	}
+	if err := js.DeleteStream(name); err != nil {
+		return fmt.Errorf("natsenv: placement probe: %w", err)
 	}
 	return nil
 }

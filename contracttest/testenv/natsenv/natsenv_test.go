@@ -23,13 +23,20 @@ func leakCheck(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
 }
 
+// TestStartServer: a plain server runs as a process of the linked
+// version; an Embedded one in the test process, with the same version.
 func TestStartServer(t *testing.T) {
 	leakCheck(t)
 	s := natsenv.StartServer(t)
-	if s.Version() == "" || s.Binary() != "" {
-		t.Errorf("embedded server: Version() = %q, Binary() = %q", s.Version(), s.Binary())
+	if s.Version() == "" || s.Binary() == "" {
+		t.Errorf("server: Version() = %q, Binary() = %q, want a process of the linked version", s.Version(), s.Binary())
 	}
 	testServer(t, s)
+	e := natsenv.StartServerWith(t, natsenv.ServerConfig{Embedded: true})
+	if e.Version() != s.Version() || e.Binary() != "" {
+		t.Errorf("embedded server: Version() = %q, Binary() = %q, want %q and none", e.Version(), e.Binary(), s.Version())
+	}
+	testServer(t, e)
 }
 
 // TestBinaryServer is TestStartServer on a server process of the
