@@ -348,12 +348,7 @@ func waitForHolderOn(t testing.TB, addrs []string, name, lockerID string, need i
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		var held []int
-		for i, a := range addrs {
-			if strings.HasPrefix(holderOf(t, a, name), lockerID+":") {
-				held = append(held, i)
-			}
-		}
+		held := heldBy(t, addrs, name, lockerID)
 		if len(held) >= need {
 			return held
 		}
@@ -365,6 +360,30 @@ func waitForHolderOn(t testing.TB, addrs []string, name, lockerID string, need i
 			t.Fatalf("the Locker %s does not hold %q on %d of %d masters after 5s: holders %s", lockerID, name, need, len(addrs), strings.Join(holders, ", "))
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// heldBy returns the indices of the masters where the name's key (slot 1)
+// is held by a lease of the Locker with id lockerID.
+func heldBy(t testing.TB, addrs []string, name, lockerID string) []int {
+	var held []int
+	for i, a := range addrs {
+		if strings.HasPrefix(holderOf(t, a, name), lockerID+":") {
+			held = append(held, i)
+		}
+	}
+	return held
+}
+
+// heldOn returns on how many masters the name's key (slot 1) is held by a
+// lease of the Locker with id lockerID, once that is all of them or after
+// wait.
+func heldOn(t testing.TB, addrs []string, name, lockerID string, wait time.Duration) int {
+	t.Helper()
+	for deadline := time.Now().Add(wait); ; time.Sleep(5 * time.Millisecond) {
+		if n := len(heldBy(t, addrs, name, lockerID)); n == len(addrs) || time.Now().After(deadline) {
+			return n
+		}
 	}
 }
 
