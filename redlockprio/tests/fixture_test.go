@@ -297,8 +297,8 @@ func deadAddr(t testing.TB) string {
 // default drift factor).
 const testDrift = testTTL/100 + 2*time.Millisecond
 
-// theftMargin is the scheduling margin of the upper bounds on a thief's
-// wait: generous, not a performance claim.
+// theftMargin is the scheduling margin of the bounds on a thief's wait,
+// beside the slack a bound measures: generous, not a performance claim.
 const theftMargin = 200 * time.Millisecond
 
 // The keys at the masters, read and written behind the Lockers' backs.
