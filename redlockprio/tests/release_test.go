@@ -3,6 +3,8 @@ package redlockprio_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,11 +112,35 @@ func lateGrants(t *testing.T, prios bool) {
 		t.Logf("sections:\n%v", hist)
 		t.Error(err)
 	}
-	time.Sleep(600 * time.Millisecond)
-	for i, a := range addrs {
-		if left := slotKeys(t, a, name, 1); len(left) > 0 {
-			t.Errorf("master %d still has %v %v after the last release (PTTL %v)", i, left, ms(hist.Now()-lastRelease), maxPTTL(t, []string{a}, name))
+	// The late answers come 400ms after their calls, and their keys are
+	// deleted then: 600ms, plus the scheduler's stalls meanwhile. With
+	// priorities, a late answer that shows a key taken from a victim is
+	// left to expire with the victim's PTTL (documented: "a slot taken
+	// from a victim is left to expire"), up to the TTL (a CI run: 304ms
+	// left of one 624ms after the last release).
+	documented := 600 * time.Millisecond
+	if prios {
+		documented += ttl
+	}
+	gone := contracttest.Bound{Documented: documented}.Watched(t)
+	time.Sleep(600 * time.Millisecond) // every late answer has come
+	for {
+		var left []string
+		for i, a := range addrs {
+			if keys := slotKeys(t, a, name, 1); len(keys) > 0 {
+				left = append(left, fmt.Sprintf("master %d: %v (PTTL %v)", i, keys, maxPTTL(t, []string{a}, name)))
+			}
 		}
+		after := hist.Now() - lastRelease
+		if len(left) == 0 {
+			t.Logf("no key left %v after the last release", ms(hist.Now()-lastRelease))
+			break
+		}
+		if after > gone.Bound().Limit() {
+			t.Errorf("keys left %v after the last release, past %v: %s", ms(hist.Now()-lastRelease), gone.Bound(), strings.Join(left, "; "))
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	// A fresh Locker must get the name at once.
 	c := mustClient(t, addrs, withTiming(ttl, 0.01))
