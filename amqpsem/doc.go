@@ -51,7 +51,10 @@
 //     connection closes, or when no verification ([WithVerifyInterval])
 //     succeeded for one heartbeat interval, so a cut-off holder stops
 //     before anyone else starts; a slot removed by an administrator ends
-//     its lease with [ErrSlotRemoved].
+//     its lease with [ErrSlotRemoved]. When the socket closes, the broker
+//     and the client each hear of it on their own: another client may
+//     take the slot a moment (milliseconds) before the old lease's
+//     context ends.
 //
 // Waiting Locks take turns: a release wakes one waiting client, through a
 // shared wake queue per name, not all of them; a client that releases and

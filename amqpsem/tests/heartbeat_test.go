@@ -125,11 +125,20 @@ func TestFreedAtOnceOnSocketClose(t *testing.T) {
 			defer got.Release(ctx)
 			took := time.Since(cut)
 			t.Logf("freed %v after the holder's socket closed (heartbeat %v)", took.Round(time.Millisecond), testHeartbeat)
-			if bound := testHeartbeat - 200*time.Millisecond; took > bound {
+			bound := testHeartbeat - 200*time.Millisecond
+			if took > bound {
 				t.Errorf("freed %v after the socket closed, want at once (well under the %v heartbeat)", took, testHeartbeat)
 			}
+			// The holder's client hears of the close on its own: the
+			// broker may free the slot a moment before (a CI run: the
+			// other held 5ms after the cut, the holder's lease not yet
+			// ended). It ends at once too, not a heartbeat later.
+			select {
+			case <-lease.Context().Done():
+			case <-time.After(time.Until(cut.Add(bound))):
+			}
 			if cause := context.Cause(lease.Context()); !errors.Is(cause, locks.ErrLost) {
-				t.Errorf("the holder's lease after its socket closed: %v, want ErrLost", cause)
+				t.Errorf("the holder's lease %v after its socket closed: %v, want ErrLost", time.Since(cut).Round(time.Millisecond), cause)
 			}
 		})
 	}
