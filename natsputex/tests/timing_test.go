@@ -552,9 +552,9 @@ func TestMixedTimingSupervisorsKeepBounds(t *testing.T) {
 // of its own C·R and the holder's (a Supervisor's value carries it)".
 // node-a, a Supervisor with a long timing (R = 200ms, F = 3, C = 3:
 // T = 600ms, C·R = 600ms), is active; a Locker of another client with a
-// short one (R = 50ms, F = 2, C = 0: T = 100ms) waits in Lock on the same
+// short one (R = 50ms, F = 6, C = 0: T = 300ms) waits in Lock on the same
 // key, and in "with-standby" so does node-b, a Supervisor with a short
-// timing too (R = 50ms, F = 2, C = 1). node-a is killed. Whoever wins must
+// timing too (R = 50ms, F = 6, C = 1). node-a is killed. Whoever wins must
 // hold (Lock returns, or Start is called) no sooner than node-a's T + C·R
 // = 1.2s after its last write. The Locker holds for 400ms and releases;
 // node-b, if it stands by, must then start at once (within its R +
@@ -562,7 +562,10 @@ func TestMixedTimingSupervisorsKeepBounds(t *testing.T) {
 // History, never overlap and their tokens rise.
 func TestLockUsesSupervisorHoldersTiming(t *testing.T) {
 	const bound = 1200 * time.Millisecond
-	short := []natsputex.Option{natsputex.WithRenewInterval(50 * time.Millisecond), natsputex.WithFailureThreshold(2)}
+	// T = 300ms, shorter than node-a's 600ms as the test needs, and long
+	// enough for a loaded machine's shared server (a CI run: with F = 2,
+	// T = 100ms, the Locker's lease ran out while held).
+	short := []natsputex.Option{natsputex.WithRenewInterval(50 * time.Millisecond), natsputex.WithFailureThreshold(6)}
 	for _, withStandby := range []bool{false, true} {
 		t.Run(map[bool]string{false: "locker-only", true: "with-standby"}[withStandby], func(t *testing.T) {
 			url, bucket, key := localEnv(t)
@@ -952,7 +955,10 @@ func TestShorterTWaitsForHolderT(t *testing.T) {
 	bucket := uniqueBucket("mixedt")
 	prepareBucket(t, url, bucket)
 	holder := newTestClient(t, url, bucket, natsputex.WithRenewInterval(400*time.Millisecond), natsputex.WithFailureThreshold(3))
-	short := []natsputex.Option{natsputex.WithRenewInterval(50 * time.Millisecond), natsputex.WithFailureThreshold(2)}
+	// T = 300ms, shorter than node-a's 600ms as the test needs, and long
+	// enough for a loaded machine's shared server (a CI run: with F = 2,
+	// T = 100ms, the Locker's lease ran out while held).
+	short := []natsputex.Option{natsputex.WithRenewInterval(50 * time.Millisecond), natsputex.WithFailureThreshold(6)}
 	waiter := newTestClient(t, url, bucket, short...).Locker()
 	trier := newTestClient(t, url, bucket, short...).Locker()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
