@@ -400,6 +400,7 @@ func (p *Proxy) inspect(l *link, data []byte, at time.Time, fromUpstream bool) (
 			drop = true
 		case f.lose(data):
 			drop = true
+			sendTime(f.t.lost, at)
 			return true // one reply only
 		}
 		return false
@@ -500,7 +501,8 @@ func LoseReplies(d time.Duration) ReplyFault {
 // upstream sends on the connection, from the moment the trigger fired,
 // that m picks, and nothing else: the connection stays up, so that its
 // client knows its request reached the upstream and never hears how it
-// went.
+// went. Replies the proxy read in the same piece of data are lost with it;
+// [Trigger.Lost] says when the drop happened.
 func LoseReply(m Match) ReplyFault {
 	return ReplyFault{lose: m}
 }
@@ -509,6 +511,7 @@ func LoseReply(m Match) ReplyFault {
 type replyFault struct {
 	lose Match         // as in ReplyFault
 	stop chan struct{} // closed by Restore: LoseReplies does not close the link
+	t    *Trigger      // the trigger that started it
 }
 
 // A Trigger is a one-shot fault of a [Proxy], made by [Proxy.NewTrigger]:
@@ -523,12 +526,13 @@ type Trigger struct {
 	fault ReplyFault
 	armed bool // under p.mu
 	fired chan time.Time
+	lost  chan time.Time
 }
 
 // NewTrigger returns a trigger, not armed, that applies fault to the
 // connection of the first piece of data from a client that when picks.
 func (p *Proxy) NewTrigger(when Match, fault ReplyFault) *Trigger {
-	return &Trigger{p: p, when: when, fault: fault, fired: make(chan time.Time, 1)}
+	return &Trigger{p: p, when: when, fault: fault, fired: make(chan time.Time, 1), lost: make(chan time.Time, 1)}
 }
 
 // Arm arms the trigger, for connections already open and new ones, until
@@ -549,10 +553,26 @@ func (t *Trigger) Arm() {
 // one time: a firing replaces a time not yet received.
 func (t *Trigger) Fired() <-chan time.Time { return t.fired }
 
+// Lost returns the channel, the same at every call, that receives the
+// time at which a [LoseReply] fault of t dropped the reply it picks (a
+// [LoseReplies] fault sends nothing). A test waits for it before it sends
+// more on that connection: a reply read together with the lost one, in one
+// piece of data, would be lost with it. It holds one time, as Fired does.
+func (t *Trigger) Lost() <-chan time.Time { return t.lost }
+
+// sendTime sends at on ch, replacing a time not yet received.
+func sendTime(ch chan time.Time, at time.Time) {
+	select {
+	case <-ch:
+	default:
+	}
+	ch <- at
+}
+
 // fireLocked fires t on l for data read at at. The proxy's lock is held.
 func (t *Trigger) fireLocked(l *link, at time.Time) {
 	t.armed = false
-	f := &replyFault{lose: t.fault.lose}
+	f := &replyFault{lose: t.fault.lose, t: t}
 	if f.lose == nil {
 		f.stop = make(chan struct{})
 		t.p.wg.Go(func() {
@@ -567,11 +587,7 @@ func (t *Trigger) fireLocked(l *link, at time.Time) {
 		})
 	}
 	l.replyFaults = append(l.replyFaults, f)
-	select {
-	case <-t.fired:
-	default:
-	}
-	t.fired <- at
+	sendTime(t.fired, at)
 }
 
 // Proxies are proxies faulted together: one client's links to several
