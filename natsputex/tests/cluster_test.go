@@ -4,10 +4,12 @@ package natsputex_test
 // nats-server program, their leaders stopped, stepped down, partitioned.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,6 +108,19 @@ func TestBatchedRenewalsAcrossStreamStepDowns(t *testing.T) {
 // (mid-takeover). The Locker lease must never be live past its Deadline, the
 // services never overlap, and every takeover comes T after another token's
 // last write and starts C·R after its own first write.
+//
+// The bucket keeps 64 values of a key (New makes its buckets with 1): the
+// test's watch runs on an R1 consumer, which a restart of its node loses,
+// and nats.go makes it again from the revision after the last it got; with
+// one value kept, a write replaced meanwhile is gone from the stream and the
+// watch never delivers it. Reproduced as in a CI run: node-c's takeover
+// write was answered with rev 41, node-b's rival write refused with "wrong
+// last sequence: 41", node-c's next write, conditional on rev 41, stored
+// at rev 43 by the new stream leader; the watch's consumer, lost with the
+// restarted node, was made again after that, from rev 38 on, and delivered
+// rev 43 first, so node-c's Start with token 41 was "not a revision its
+// token was written at". The checks read the writes the watch delivered
+// and the key's history in the stream.
 func TestSupervisorAcrossStreamLeaderRestarts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
@@ -119,6 +134,11 @@ func TestSupervisorAcrossStreamLeaderRestarts(t *testing.T) {
 	cluster := natsenv.StartCluster(t, 3)
 	urls := cluster.URLs()
 	bucket := uniqueBucket("cluster")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := mustJS(t, urls).CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 64, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
 	prepareBucket(t, urls, bucket, natsputex.WithReplicas(3))
 	const key = "spof-service"
 	writes := watchWrites(t, urls, bucket, key)
@@ -178,12 +198,44 @@ func TestSupervisorAcrossStreamLeaderRestarts(t *testing.T) {
 	}
 	_ = l.Release(context.Background())
 	v.check(t)
+	stored := storedWrites(t, writes, urls, bucket, key)
 	for _, n := range nodes {
-		checkTakeovers(t, writes, n, T, C*testR)
+		checkTakeovers(t, stored, n, T, C*testR)
 	}
 	if err := h.Check(); err != nil {
 		t.Errorf("services overlapped: %v", err)
 	}
+}
+
+// storedWrites returns, in revision order and once each, the writes of key
+// that watch delivered, once it has seen the key's last write, and those
+// its bucket's history holds: a watch made again across a server restart
+// resumes after the last revision it got, and a write the bucket no longer
+// keeps by then is never delivered. It logs the revisions only the history
+// had.
+func storedWrites(t *testing.T, watch *keyWatch, urls, bucket, key string) *keyWatch {
+	t.Helper()
+	watch.catchUp(t)
+	byRev := map[uint64]keyWrite{}
+	for _, w := range watch.all() {
+		byRev[w.rev] = w
+	}
+	var missed []uint64
+	for _, w := range keyHistory(t, urls, bucket, key).all() {
+		if _, ok := byRev[w.rev]; !ok {
+			byRev[w.rev] = w
+			missed = append(missed, w.rev)
+		}
+	}
+	if len(missed) > 0 {
+		t.Logf("the watch did not deliver revisions %v of the key's history", missed)
+	}
+	out := &keyWatch{urls: urls, bucket: bucket, key: key}
+	for _, w := range byRev {
+		out.writes = append(out.writes, w)
+	}
+	slices.SortFunc(out.writes, func(a, b keyWrite) int { return cmp.Compare(a.rev, b.rev) })
+	return out
 }
 
 // TestSupervisorAcrossClusterLeaderChanges: an embedded 3-node cluster (the

@@ -187,13 +187,22 @@ func TestPurgedStreamKeyCountsAsHeldForT(t *testing.T) {
 // write", every write since succeeding; a write that nats.go refused to
 // send while it reconnects is sent again once the connection is back
 // (ConnectOptions), so the confirmation goes on across the outage. The
-// confirmation event's Duration must be at least C·R, the lease's last
-// write (the taker's own token) stored after the restart, and every write
-// of the key from the takeover to the grant the taker's: a grant counted
-// on writes that never landed would fail here. (Before writes refused
-// during a reconnect were sent again, the confirmation failed and began
-// again after the restart.) Run on the embedded server and on the
-// nats-server program (2.9.10).
+// confirmation event's Duration must be at least C·R, every write of the
+// key from the takeover to the grant the taker's, and the write that
+// confirmed the hold (the first of the lease's own token: "the last
+// confirmation writes the lease's own token") stored by the restarted
+// server: it is sent C·R or more after the takeover write was answered,
+// when the old server had stopped, so a grant counted on writes that
+// never landed would fail here. (Before writes refused during a reconnect
+// were sent again, the confirmation failed and began again after the
+// restart.) The bucket keeps 64 values per key, so that the writes up to
+// the grant are all read after it, renewals since included. "Stored by
+// the restarted server" is told by the server's stamp: after Restart was
+// called, once Shutdown had returned (the old server gone); not after
+// Restart returned, which is later than the server's first writes (it
+// waits for the server's health checks, polled, while clients reconnect
+// and write). Run on the embedded server and on the nats-server program
+// (2.9.10).
 func TestConfirmationGoesOnAcrossServerRestart(t *testing.T) {
 	for _, kind := range []string{"embedded", "binary"} {
 		t.Run(kind, func(t *testing.T) {
@@ -205,7 +214,7 @@ func TestConfirmationGoesOnAcrossServerRestart(t *testing.T) {
 			}
 			url := srv.URL()
 			bucket := uniqueBucket("restart")
-			prepareBucket(t, url, bucket)
+			historyBucket(t, url, bucket)
 			nc, js, err := connect(url)
 			if err != nil {
 				t.Fatal(err)
@@ -247,7 +256,11 @@ func TestConfirmationGoesOnAcrossServerRestart(t *testing.T) {
 				}
 			})
 			defer stop()
-			got := make(chan grant, 1)
+			type timedGrant struct {
+				grant
+				at time.Time // when Lock returned
+			}
+			got := make(chan timedGrant, 1)
 			var lockFailures []string
 			go func() {
 				for {
@@ -259,12 +272,14 @@ func TestConfirmationGoesOnAcrossServerRestart(t *testing.T) {
 						time.Sleep(10 * time.Millisecond)
 						continue
 					}
-					got <- grant{lease: l, err: err, otherLive: held.Context().Err() == nil}
+					got <- timedGrant{grant{lease: l, err: err, otherLive: held.Context().Err() == nil}, time.Now()}
 					return
 				}
 			}()
 			time.Sleep(100 * time.Millisecond)
 			nc.Close() // the crash
+			// tookAt is taken as the takeover is reported, before the
+			// confirmation's count begins (at the write's answer).
 			var tookAt time.Time
 			select {
 			case tookAt = <-takeover:
@@ -272,8 +287,16 @@ func TestConfirmationGoesOnAcrossServerRestart(t *testing.T) {
 				t.Fatal("no takeover within 5s of the crash")
 			}
 			time.Sleep(150 * time.Millisecond)
-			srv.Shutdown()
+			srv.Shutdown() // returns once the server has stopped
+			downAt := time.Now()
+			// The outage must come while the taker confirms: were the old
+			// server still up C·R after the takeover, the confirming write
+			// could land on it, and there would be nothing to check.
+			if d := downAt.Sub(tookAt); d >= C*R {
+				t.Fatalf("the server stopped only %v after the takeover, not within its C·R = %v of confirmation", d, C*R)
+			}
 			time.Sleep(300 * time.Millisecond)
+			restartAt := time.Now() // no server runs: every write stamped later was stored by the restarted one
 			if err := srv.Restart(); err != nil {
 				t.Fatal(err)
 			}
@@ -283,10 +306,10 @@ func TestConfirmationGoesOnAcrossServerRestart(t *testing.T) {
 				t.Fatalf("Lock: %v", g.err)
 			}
 			defer g.lease.Release(context.Background())
-			grantAt := time.Now()
 			mu.Lock()
-			t.Logf("takeover at 0, restart done at %v, grant at %v (token %d, crashed holder's %d); confirmations %v",
-				upAt.Sub(tookAt).Round(time.Millisecond), grantAt.Sub(tookAt).Round(time.Millisecond), g.lease.Token(), held.Token(), confirms)
+			t.Logf("takeover at 0, server down at %v, restart begun at %v, Restart returned at %v, grant at %v (token %d, crashed holder's %d); confirmations %v",
+				downAt.Sub(tookAt).Round(time.Millisecond), restartAt.Sub(tookAt).Round(time.Millisecond), upAt.Sub(tookAt).Round(time.Millisecond),
+				g.at.Sub(tookAt).Round(time.Millisecond), g.lease.Token(), held.Token(), confirms)
 			if len(lockFailures) > 0 {
 				t.Logf("Lock failed %d time(s) while the server was down, first: %s", len(lockFailures), lockFailures[0])
 			}
@@ -308,18 +331,45 @@ func TestConfirmationGoesOnAcrossServerRestart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var last jetstream.KeyValueEntry
+			// The takeover write (at the lease's token) carries the taker's
+			// token with its timing, as do the confirmation's writes; the
+			// write that confirms the hold carries the token alone, as do
+			// the lease's renewals after it.
+			var took, confirmed jetstream.KeyValueEntry
 			for _, e := range hist {
-				if e.Revision() < g.lease.Token() || e.Created().After(grantAt) {
+				if e.Revision() < g.lease.Token() {
 					continue
 				}
-				if !strings.HasPrefix(string(e.Value()), "taker/") {
-					t.Errorf("rev %d %q written between the takeover (rev %d) and the grant", e.Revision(), e.Value(), g.lease.Token())
+				if took == nil {
+					if e.Revision() != g.lease.Token() || !strings.HasPrefix(string(e.Value()), "taker/") || !strings.Contains(string(e.Value()), "\n") {
+						t.Fatalf("the lease's token %d is not the revision of a takeover write of the taker's (first write from it: rev %d %q)", g.lease.Token(), e.Revision(), e.Value())
+					}
+					took = e
+					continue
 				}
-				last = e
+				token := valueToken(took.Value())
+				if valueToken(e.Value()) != token {
+					t.Errorf("rev %d %q written between the takeover (rev %d) and the grant", e.Revision(), e.Value(), g.lease.Token())
+					continue
+				}
+				if string(e.Value()) == token {
+					confirmed = e
+					break
+				}
 			}
-			if last == nil || !last.Created().After(upAt) {
-				t.Errorf("the lease was granted without a write stored after the restart (last: %v)", last)
+			stamp := func(e jetstream.KeyValueEntry) string {
+				return fmt.Sprintf("rev %d %q stored at %v", e.Revision(), e.Value(), e.Created().Sub(tookAt.Round(0)).Round(time.Millisecond))
+			}
+			switch {
+			case took == nil:
+				t.Fatalf("no takeover write at the lease's token %d in the key's history", g.lease.Token())
+			case confirmed == nil:
+				t.Errorf("the lease was granted without a write of its own token after the takeover (%s)", stamp(took))
+			case !confirmed.Created().After(restartAt.Round(0)):
+				t.Errorf("the lease was granted on a write stored before the restart began at %v: %s (takeover %s)",
+					restartAt.Sub(tookAt).Round(time.Millisecond), stamp(confirmed), stamp(took))
+			default:
+				t.Logf("takeover %s; confirmed by %s", stamp(took), stamp(confirmed))
 			}
 		})
 	}
