@@ -750,7 +750,9 @@ func checkNoLeaks(t *testing.T, ignore goleak.Option, more ...goleak.Option) {
 		goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
 		// a master restarted by the test: testenv's process goroutines
 		goleak.IgnoreAnyFunction("github.com/latchkey-go/latchkey/contracttest/testenv.(*redisProc).start.func1"),
-		goleak.IgnoreAnyFunction("os/exec.(*Cmd).Start.func2")}, more...)
+		goleak.IgnoreAnyFunction("os/exec.(*Cmd).Start.func2"),
+		// a WatchedBound's scheduler watcher, which ends at the test's cleanup
+		goleak.IgnoreAnyFunction("github.com/latchkey-go/latchkey/contracttest.watchStalls.func1")}, more...)
 	for {
 		err := goleak.Find(opts...)
 		if err == nil {

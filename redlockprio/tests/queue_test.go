@@ -369,14 +369,32 @@ func TestRelockGoesToBack(t *testing.T) {
 // costs order at most, never exclusion nor liveness; a lost wake-up costs
 // at most a refresh (TTL/2).
 
-// queueBound is the documented bound for a dead or cut-off waiter, TTL +
-// TTL/2, plus slack measured now: four uncontended Lock + Release cycles
-// (at least 100ms, for the scheduler of a loaded machine).
-func queueBound(t *testing.T, l *redlockprio.Locker, ttl time.Duration) (bound, slack time.Duration) {
+// queueBound measures the queue tests' slack for a Locker of TTL ttl
+// (see queueTiming).
+func queueBound(t *testing.T, l *redlockprio.Locker, ttl time.Duration) *queueTiming {
 	t.Helper()
-	slack = max(4*cycleTime(t, l), 100*time.Millisecond)
-	return ttl + ttl/2 + slack, slack
+	return &queueTiming{
+		ttl:   ttl,
+		base:  max(4*cycleTime(t, l), 100*time.Millisecond),
+		stall: contracttest.Bound{}.Watched(t),
+	}
 }
+
+// queueTiming is the documented bound for a dead or cut-off waiter, TTL +
+// TTL/2, and its slack: four uncontended Lock + Release cycles measured at
+// the start (at least 100ms), plus four times the longest scheduler stall
+// seen from then until the check (a CI run: a lost wake-up cost 432ms
+// against a 400ms bound whose slack was measured before a stall).
+type queueTiming struct {
+	ttl, base time.Duration
+	stall     *contracttest.WatchedBound
+}
+
+// slack is the slack so far.
+func (q *queueTiming) slack() time.Duration { return q.base + 4*q.stall.Bound().Scheduler }
+
+// bound is TTL + TTL/2 plus the slack so far.
+func (q *queueTiming) bound() time.Duration { return q.ttl + q.ttl/2 + q.slack() }
 
 // grant is what a recorded Lock got: when, and its error.
 type grant struct {
@@ -421,7 +439,7 @@ func TestKilledMidQueueWaiterBlocksAtMostItsEntry(t *testing.T) {
 			dead := mustClient(t, addrs, with(opts...))
 			third := mustClient(t, addrs, with(opts...))
 			warm(t, dead.l)
-			bound, slack := queueBound(t, third.l, ttl)
+			qt := queueBound(t, third.l, ttl)
 			h := contracttest.NewHistory(1)
 			lease, err := holder.l.TryLock(ctx, name)
 			if err != nil {
@@ -451,6 +469,7 @@ func TestKilledMidQueueWaiterBlocksAtMostItsEntry(t *testing.T) {
 				}
 				order = append(order, g.who)
 				if g.who == "third" {
+					bound, slack := qt.bound(), qt.slack()
 					took := g.at.Sub(killed)
 					t.Logf("the waiter behind the killed one got the name %v after the kill (bound TTL+TTL/2 %v + slack %v = %v)", took.Round(time.Millisecond), ttl+ttl/2, slack.Round(time.Millisecond), bound.Round(time.Millisecond))
 					if took > bound {
@@ -486,7 +505,7 @@ func TestCutOffHeadWaiterAtRelease(t *testing.T) {
 	link := cut.proxies
 	next := mustClient(t, addrs, with(opts...))
 	warm(t, cut.l)
-	bound, slack := queueBound(t, next.l, ttl)
+	qt := queueBound(t, next.l, ttl)
 	h := contracttest.NewHistory(1)
 	lease, err := holder.l.TryLock(ctx, name)
 	if err != nil {
@@ -507,6 +526,7 @@ func TestCutOffHeadWaiterAtRelease(t *testing.T) {
 		link.Restore()
 		t.Fatalf("first to end: %s (err %v), want next with the name", g.who, g.err)
 	}
+	bound, slack := qt.bound(), qt.slack()
 	took := g.at.Sub(cutAt)
 	t.Logf("the waiter behind the cut-off head got the name %v after the cut (bound %v, slack %v)", took.Round(time.Millisecond), bound.Round(time.Millisecond), slack.Round(time.Millisecond))
 	if took > bound {
@@ -542,7 +562,7 @@ func TestQueuedWaiterCutOffLongerThanItsEntry(t *testing.T) {
 	link := cut.proxies
 	third := mustClient(t, addrs, with(opts...))
 	warm(t, cut.l)
-	bound, slack := queueBound(t, third.l, ttl)
+	qt := queueBound(t, third.l, ttl)
 	h := contracttest.NewHistory(1)
 	lease, err := holder.l.TryLock(ctx, name)
 	if err != nil {
@@ -575,6 +595,7 @@ func TestQueuedWaiterCutOffLongerThanItsEntry(t *testing.T) {
 			t.Fatalf("%s: ended %v (err %v) while the cut-off waiter was away", who, ok, g.err)
 		}
 	}
+	bound, slack := qt.bound(), qt.slack()
 	took := ended["third"].at.Sub(cutAt)
 	t.Logf("the waiter behind the cut-off one got the name %v after the cut (bound %v, slack %v)", took.Round(time.Millisecond), bound.Round(time.Millisecond), slack.Round(time.Millisecond))
 	if took > bound {
@@ -612,7 +633,7 @@ func TestMasterRestartedEmptyUnderQueue(t *testing.T) {
 	name := uniqueName(t)
 	opts := []redlockprio.Option{redlockprio.WithTTL(ttl)}
 	holder := mustClient(t, addrs, with(opts...))
-	bound, slack := queueBound(t, holder.l, ttl)
+	qt := queueBound(t, holder.l, ttl)
 	h := contracttest.NewHistory(1)
 	lease, err := holder.l.TryLock(ctx, name)
 	if err != nil {
@@ -646,6 +667,7 @@ func TestMasterRestartedEmptyUnderQueue(t *testing.T) {
 		order = append(order, g.who)
 	}
 	last := time.Since(restarted)
+	bound, slack := qt.bound(), qt.slack()
 	limit := 7*(hold+slack) + bound
 	t.Logf("grant order %v; the last grant came %v after the restart (bound 7×(hold+slack) + TTL+TTL/2 = %v, slack %v)", order, last.Round(time.Millisecond), limit.Round(time.Millisecond), slack.Round(time.Millisecond))
 	if last > limit {
@@ -673,7 +695,7 @@ func TestLostWakeUpCostsAtMostARefresh(t *testing.T) {
 			head := mustClient(t, addrs, viaProxies(), with(opts...))
 			link := head.proxies
 			warm(t, head.l)
-			_, slack := queueBound(t, head.l, ttl)
+			qt := queueBound(t, head.l, ttl)
 			h := contracttest.NewHistory(1)
 			lease, err := holder.l.TryLock(ctx, name)
 			if err != nil {
@@ -695,6 +717,7 @@ func TestLostWakeUpCostsAtMostARefresh(t *testing.T) {
 				t.Fatalf("the head's Lock: %v", g.err)
 			}
 			took := g.at.Sub(released)
+			slack := qt.slack()
 			bound := ttl/2 + slack
 			t.Logf("the head whose wake-up was lost got the name %v after the release (bound TTL/2 %v + slack %v = %v)", took.Round(time.Millisecond), ttl/2, slack.Round(time.Millisecond), bound.Round(time.Millisecond))
 			if took > bound {
@@ -729,8 +752,7 @@ func TestKilledHeadWaiterMixedTTLs(t *testing.T) {
 			dead := mustClient(t, addrs, ttl(c.dead))
 			next := mustClient(t, addrs, ttl(c.next))
 			warm(t, dead.l)
-			_, slack := queueBound(t, next.l, c.next)
-			bound := c.dead + c.next/2 + slack
+			qt := queueBound(t, next.l, c.next)
 			h := contracttest.NewHistory(1)
 			lease, err := holder.l.TryLock(ctx, name)
 			if err != nil {
@@ -757,6 +779,8 @@ func TestKilledHeadWaiterMixedTTLs(t *testing.T) {
 				t.Fatalf("the next waiter's Lock: %v", g.err)
 			}
 			took := g.at.Sub(released)
+			slack := qt.slack()
+			bound := c.dead + c.next/2 + slack
 			t.Logf("the next waiter (TTL %v) got the name %v after the release, behind a killed head (TTL %v) (bound %v + %v/2 + slack %v = %v)", c.next, took.Round(time.Millisecond), c.dead, c.dead, c.next, slack.Round(time.Millisecond), bound.Round(time.Millisecond))
 			if took > bound {
 				t.Errorf("the next waiter waited %v, over the bound %v", took, bound)
@@ -782,7 +806,7 @@ func TestClosedWaiterClientLeavesQueue(t *testing.T) {
 	closing := mustClient(t, addrs, with(opts...))
 	next := mustClient(t, addrs, with(opts...))
 	warm(t, closing.l)
-	_, slack := queueBound(t, next.l, ttl)
+	qt := queueBound(t, next.l, ttl)
 	h := contracttest.NewHistory(1)
 	lease, err := holder.l.TryLock(ctx, name)
 	if err != nil {
@@ -817,6 +841,7 @@ func TestClosedWaiterClientLeavesQueue(t *testing.T) {
 		t.Fatalf("the next waiter's Lock: %v", g.err)
 	}
 	took := g.at.Sub(released)
+	slack := qt.slack()
 	t.Logf("the waiter behind a closed Client's Lock got the name %v after the release (bound slack %v)", took.Round(time.Millisecond), slack.Round(time.Millisecond))
 	if took > slack {
 		t.Errorf("the waiter behind a closed Client's Lock waited %v after the release, over slack %v: the closed Lock's entry stayed", took, slack)
@@ -852,7 +877,7 @@ func TestManyKilledWaitersBlockAtMostTheirEntries(t *testing.T) {
 				warm(t, c.l)
 				dead = append(dead, c)
 			}
-			_, slack := queueBound(t, next.l, ttl)
+			qt := queueBound(t, next.l, ttl)
 			h := contracttest.NewHistory(1)
 			lease, err := holder.l.TryLock(ctx, name)
 			if err != nil {
@@ -881,12 +906,13 @@ func TestManyKilledWaitersBlockAtMostTheirEntries(t *testing.T) {
 			}
 			// The killed Locks fail all at once: the Release's own time,
 			// under that burst, is slack too.
-			slack += time.Since(killed)
-			bound := ttl + ttl/2 + slack
+			releaseTook := time.Since(killed)
 			g := <-got
 			if g.err != nil {
 				t.Fatalf("the live waiter's Lock: %v", g.err)
 			}
+			slack := qt.slack() + releaseTook
+			bound := ttl + ttl/2 + slack
 			took := g.at.Sub(killed)
 			t.Logf("the live waiter behind %d killed ones got the name %v after the kill (bound TTL+TTL/2 %v + slack %v = %v)", waiters, took.Round(time.Millisecond), ttl+ttl/2, slack.Round(time.Millisecond), bound.Round(time.Millisecond))
 			if took > bound {
@@ -1256,7 +1282,7 @@ func TestCancelledHeadRacingReleaseWakesNext(t *testing.T) {
 	head := mustClient(t, addrs, with(opts...))
 	next := mustClient(t, addrs, with(opts...))
 	warm(t, head.l)
-	_, slack := queueBound(t, next.l, ttl)
+	qt := queueBound(t, next.l, ttl)
 	rng := rand.New(rand.NewPCG(2, uint64(time.Now().UnixNano())))
 	h := contracttest.NewHistory(1)
 	var worst time.Duration
@@ -1298,11 +1324,11 @@ func TestCancelledHeadRacingReleaseWakesNext(t *testing.T) {
 		}
 		took := g.at.Sub(from)
 		worst = max(worst, took)
-		if took > ttl/2+slack {
+		if slack := qt.slack(); took > ttl/2+slack {
 			t.Errorf("round %d (cancel %v after the release began): the next waiter got the name %v after the head let go, over TTL/2 %v + slack %v", i, d, took.Round(time.Millisecond), ttl/2, slack.Round(time.Millisecond))
 		}
 	}
-	t.Logf("20 races: the next waiter's longest wait after the head let go: %v (bound TTL/2 %v + slack %v)", worst.Round(time.Millisecond), ttl/2, slack.Round(time.Millisecond))
+	t.Logf("20 races: the next waiter's longest wait after the head let go: %v (bound TTL/2 %v + slack %v)", worst.Round(time.Millisecond), ttl/2, qt.slack().Round(time.Millisecond))
 	if err := h.Check(); err != nil {
 		t.Fatal(err)
 	}
@@ -1485,8 +1511,7 @@ func TestManyWaitersWithCancels(t *testing.T) {
 			// A lost wake-up costs the waiter its refresh interval:
 			// TTL/2 of the longest TTL. Slack: four Lock + Release
 			// cycles.
-			_, slack := queueBound(t, cs[0].l, 0)
-			gapBound := ttls[len(ttls)-1]/2 + slack
+			qt := queueBound(t, cs[0].l, 0)
 			name := uniqueName(t)
 			h := contracttest.NewHistory(1)
 			var out lockOutcome
@@ -1522,6 +1547,8 @@ func TestManyWaitersWithCancels(t *testing.T) {
 			left := time.Now()
 			spans := h.Spans()
 			slices.SortFunc(spans, func(a, b contracttest.Span) int { return cmp.Compare(a.Enter, b.Enter) })
+			slack := qt.slack()
+			gapBound := ttls[len(ttls)-1]/2 + slack
 			var worst time.Duration
 			for i := 1; i < len(spans); i++ {
 				if spans[i].Token <= spans[i-1].Token {
