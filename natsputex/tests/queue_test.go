@@ -962,26 +962,16 @@ func TestQueueManyWaiters(t *testing.T) {
 func TestQueueReservedKeyToSupervisor(t *testing.T) {
 	for _, q := range queueFaultTargets(t, "reservedsup") {
 		t.Run(q.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
-			holder := holdFirst(t, ctx, newTestClient(t, q.urls, q.bucket).Locker())
-			got := make(chan locks.Lease, 1)
-			waiter := newTestClient(t, q.urls, q.bucket).Locker()
-			go func() {
-				l, err := waiter.Lock(ctx, "job")
-				if err != nil {
-					t.Error(err)
-				}
-				got <- l
-			}()
-			q.awaitQueue(t, 0)
+			// patient: a holder with T = 300ms on a loaded machine can
+			// lose its lease while the waiter joins the queue.
+			holder := holdFirst(t, ctx, newTestClient(t, q.urls, q.bucket, patient).Locker())
+			lease := q.lockAsHead(t, ctx, newTestClient(t, q.urls, q.bucket).Locker(), testF*testR)
 			if err := holder.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
-			queued := <-got
-			if queued == nil {
-				t.FailNow()
-			}
+			queued := lease()
 			b := q.bound(t, 0)
 			if err := queued.Release(ctx); err != nil {
 				t.Fatal(err)
@@ -1125,6 +1115,98 @@ func (q queueTarget) awaitQueue(t *testing.T, waiting int) {
 	})
 	if err != nil {
 		t.Fatalf("the queue does not form: %v", err)
+	}
+}
+
+// lockAsHead starts a Lock of "job" on l, held by another, and returns
+// once the Lock is the head of the queue (as awaitQueue(t, 0)); the
+// function returned waits for its lease, and fails the test if the Lock
+// fails.
+//
+// A Lock that fails five times in a row to make the queue's consumer or
+// to pull from it waits by a watch of its own instead, for the rest of
+// the call (docs/protocols/natsputex.md, "Falling back to a watch"): on a
+// cluster just started, under load, the first consumer creation on a
+// fresh R3 stream can outlast the client's max(T, 1s) bound on each try,
+// and a pull can go unanswered, heartbeats included, until the waiter
+// gives it up after three heartbeats and a second. Such a Lock never
+// joins the queue, and its watch (an ordered consumer of the stream, the
+// only other consumer then besides those of the Locks given up before)
+// shows it. It is logged, cancelled, and a new Lock started, at most
+// three times in all. A Lock that neither joins nor falls back within
+// the documented bound (five failures of a pull with heartbeat
+// clamp(T, 250ms, 5s), with pauses of 100ms, 200ms, then T between)
+// plus five times the slack measured now (a join's round trips), and
+// never less than 10s, fails the test. T is l's T.
+func (q queueTarget) lockAsHead(t *testing.T, ctx context.Context, l locks.Locker, T time.Duration) func() locks.Lease {
+	t.Helper()
+	const attempts = 3
+	hb := min(max(T, 250*time.Millisecond), 5*time.Second)
+	within := max(10*time.Second, 5*(3*hb+time.Second)+300*time.Millisecond+2*T+5*measureSlack(t, q.urls, q.bucket))
+	type result struct {
+		lease locks.Lease
+		err   error
+	}
+	seen := map[string]bool{} // the watches of the Locks given up
+	for attempt := 1; ; attempt++ {
+		lctx, lcancel := context.WithCancel(ctx)
+		done := make(chan result, 1)
+		go func() {
+			lease, err := l.Lock(lctx, "job")
+			done <- result{lease, err}
+		}()
+		var watches []string
+		var state string
+		err := retryFor(within, func(ctx context.Context) error {
+			info, err := q.queueInfo(ctx)
+			if err == nil {
+				state = fmt.Sprintf("%d pending, %d delivered unacknowledged, %d waiting", info.NumPending, info.NumAckPending, info.NumWaiting)
+				if info.NumAckPending == 1 && info.NumPending == 0 && info.NumWaiting == 0 {
+					return nil
+				}
+			}
+			names, lerr := q.consumers(ctx)
+			if lerr == nil {
+				watches = slices.DeleteFunc(names, func(n string) bool { return strings.HasPrefix(n, "natsputex_turn_") || seen[n] })
+				if len(watches) > 0 {
+					return nil
+				}
+			}
+			if err != nil {
+				return err
+			}
+			if lerr != nil {
+				return lerr
+			}
+			return fmt.Errorf("queue: %s; want 0, 1, 0", state)
+		})
+		if err != nil {
+			lcancel()
+			t.Fatalf("the queue does not form: %v", err)
+		}
+		if len(watches) == 0 {
+			// The head: lctx ends with ctx.
+			context.AfterFunc(ctx, lcancel)
+			return func() locks.Lease {
+				t.Helper()
+				r := <-done
+				if r.err != nil {
+					t.Fatalf("the queued Lock: %v", r.err)
+				}
+				return r.lease
+			}
+		}
+		t.Logf("attempt %d: the Lock waits by a watch (consumers %v besides the queue's, queue: %s), not in the queue: it could not reach the queue's consumer", attempt, watches, state)
+		for _, n := range watches {
+			seen[n] = true
+		}
+		lcancel()
+		if r := <-done; !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("the cancelled Lock returned %v, %v; want context.Canceled", r.lease, r.err)
+		}
+		if attempt == attempts {
+			t.Fatalf("the Lock fell back to a watch %d times in a row: it never joined the queue", attempts)
+		}
 	}
 }
 
