@@ -1098,6 +1098,17 @@ func (q queueTarget) consumers(ctx context.Context) ([]string, error) {
 	return names, list.Err()
 }
 
+// headWith says, unless nil, how the queue's consumer info differs from a
+// queue with a head (the baton delivered and not pending) and waiting
+// pull requests behind it.
+func headWith(info *jetstream.ConsumerInfo, waiting int) error {
+	if info.NumAckPending != 1 || info.NumPending != 0 || info.NumWaiting != waiting {
+		return fmt.Errorf("queue: %d pending, %d delivered unacknowledged, %d waiting; want 0, 1, %d",
+			info.NumPending, info.NumAckPending, info.NumWaiting, waiting)
+	}
+	return nil
+}
+
 // awaitQueue waits until the queue has a head (the baton delivered and not
 // pending) and waiting pull requests behind it.
 func (q queueTarget) awaitQueue(t *testing.T, waiting int) {
@@ -1107,11 +1118,7 @@ func (q queueTarget) awaitQueue(t *testing.T, waiting int) {
 		if err != nil {
 			return err
 		}
-		if info.NumAckPending != 1 || info.NumPending != 0 || info.NumWaiting != waiting {
-			return fmt.Errorf("queue: %d pending, %d delivered unacknowledged, %d waiting; want 0, 1, %d",
-				info.NumPending, info.NumAckPending, info.NumWaiting, waiting)
-		}
-		return nil
+		return headWith(info, waiting)
 	})
 	if err != nil {
 		t.Fatalf("the queue does not form: %v", err)
@@ -1155,13 +1162,14 @@ func (q queueTarget) lockAsHead(t *testing.T, ctx context.Context, l locks.Locke
 			lease, err := l.Lock(lctx, "job")
 			done <- result{lease, err}
 		}()
-		var watches []string
-		var state string
+		var (
+			watches []string
+			state   error
+		)
 		err := retryFor(within, func(ctx context.Context) error {
 			info, err := q.queueInfo(ctx)
 			if err == nil {
-				state = fmt.Sprintf("%d pending, %d delivered unacknowledged, %d waiting", info.NumPending, info.NumAckPending, info.NumWaiting)
-				if info.NumAckPending == 1 && info.NumPending == 0 && info.NumWaiting == 0 {
+				if state = headWith(info, 0); state == nil {
 					return nil
 				}
 			}
@@ -1178,7 +1186,7 @@ func (q queueTarget) lockAsHead(t *testing.T, ctx context.Context, l locks.Locke
 			if lerr != nil {
 				return lerr
 			}
-			return fmt.Errorf("queue: %s; want 0, 1, 0", state)
+			return state
 		})
 		if err != nil {
 			lcancel()
@@ -1196,7 +1204,7 @@ func (q queueTarget) lockAsHead(t *testing.T, ctx context.Context, l locks.Locke
 				return r.lease
 			}
 		}
-		t.Logf("attempt %d: the Lock waits by a watch (consumers %v besides the queue's, queue: %s), not in the queue: it could not reach the queue's consumer", attempt, watches, state)
+		t.Logf("attempt %d: the Lock waits by a watch (consumers %v besides the queue's; %v), not in the queue: it could not reach the queue's consumer", attempt, watches, state)
 		for _, n := range watches {
 			seen[n] = true
 		}

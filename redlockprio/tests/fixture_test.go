@@ -265,6 +265,24 @@ func warm(t testing.TB, l *redlockprio.Locker) {
 	}
 }
 
+// waitUntil polls cond every 2ms until it reports nothing missing (""),
+// and fails t after d with what (the state waited for) and what cond last
+// reported missing.
+func waitUntil(t testing.TB, d time.Duration, what string, cond func() (missing string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		missing := cond()
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after %v: %s", what, d, missing)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 var nameSeq atomic.Int64
 
 // uniqueName returns a name no other test uses.

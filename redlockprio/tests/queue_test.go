@@ -192,22 +192,18 @@ func queueMembers(t testing.TB, addr, name string) []string {
 // test after d.
 func waitQueued(t testing.TB, addrs []string, name string, n int, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		on := 0
-		for _, a := range addrs {
-			if len(queueMembers(t, a, name)) >= n {
-				on++
+	waitUntil(t, d, fmt.Sprintf("%d waiters queued on a quorum of masters", n), func() string {
+		var short []string
+		for i, a := range addrs {
+			if q := queueMembers(t, a, name); len(q) < n {
+				short = append(short, fmt.Sprintf("master %d: %d", i, len(q)))
 			}
 		}
-		if on >= len(addrs)/2+1 {
-			return
+		if len(addrs)-len(short) >= len(addrs)/2+1 {
+			return ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d waiters not queued on a quorum of masters after %v", n, d)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return strings.Join(short, ", ")
+	})
 }
 
 // lockInOrder starts a Lock of name on each locker in turn, each once the

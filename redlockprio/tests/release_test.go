@@ -273,8 +273,7 @@ func loadScript(t *testing.T, addrs []string, src string) {
 // them then wakes it. It fails t after d.
 func waitWaiting(t *testing.T, addrs []string, name string, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
+	waitUntil(t, d, "a waiter alone in the queue with its inbox subscribed on every master", func() string {
 		var missing []string
 		for i, a := range addrs {
 			q := queueMembers(t, a, name)
@@ -293,14 +292,8 @@ func waitWaiting(t *testing.T, addrs []string, name string, d time.Duration) {
 				missing = append(missing, fmt.Sprintf("master %d: %s not subscribed", i, inbox))
 			}
 		}
-		if len(missing) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no waiter in the queue with its inbox subscribed after %v: %s", d, strings.Join(missing, "; "))
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return strings.Join(missing, "; ")
+	})
 }
 
 // waitIdleConns polls until c's go-redis clients of the masters at the
@@ -308,20 +301,13 @@ func waitWaiting(t *testing.T, addrs []string, name string, d time.Duration) {
 // instead of dialling. It fails t after d.
 func waitIdleConns(t *testing.T, c *client, ms []int, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
+	waitUntil(t, d, "an idle connection to every master", func() string {
 		var none []string
 		for _, i := range ms {
 			if c.rcs[i].PoolStats().IdleConns == 0 {
 				none = append(none, fmt.Sprintf("master %d", i))
 			}
 		}
-		if len(none) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no idle connection to %s after %v", strings.Join(none, ", "), d)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return strings.Join(none, ", ")
+	})
 }
